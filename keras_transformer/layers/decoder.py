@@ -1,0 +1,258 @@
+"""Decoder layer and decoder stack (section 3.1), with key/value caches."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers import masks
+from keras_transformer.layers.block import TransformerBlock, TransformerStack
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(TransformerBlock):
+    """One decoder layer: masked self-attention, encoder-decoder attention, FFN.
+
+    Self-attention is causal: position `i` attends positions `<= i` only. The
+    encoder-decoder attention attends every real source position. Residuals,
+    dropout and norms are as in `EncoderLayer`. Padding masks default to the
+    Keras masks of `inputs` and `encoder_outputs`.
+
+    For incremental decoding pass `self_attention_cache` `(B, 2, T, H, K)` with
+    `self_attention_cache_update_index` (the position of `inputs[:, 0]`), and
+    optionally `cross_attention_cache` `(B, 2, S, H, K)` from
+    `compute_cross_attention_cache`, so the source is projected only once.
+
+    Args:
+        num_heads, intermediate_dim, dropout, attention_dropout, activation,
+        layer_norm_epsilon, normalize_first, kernel_initializer,
+        bias_initializer: as in `EncoderLayer`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)` embedded target.
+        encoder_outputs: `(B, S, D)`.
+        decoder_padding_mask: bool `(B, T)`, True for real target tokens.
+        encoder_padding_mask: bool `(B, S)`, True for real source tokens.
+        self_attention_cache: `(B, 2, T_max, H, K)` or None.
+        self_attention_cache_update_index: int scalar or None.
+        cross_attention_cache: `(B, 2, S, H, K)` or None.
+        return_attention_scores: bool, also return the `(B, H, T, S)`
+            encoder-decoder attention probabilities.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, D)`; then the attention probabilities if requested; then the
+        updated self-attention cache if one was given.
+
+    Example:
+    >>> layer = DecoderLayer(num_heads=2, intermediate_dim=16)
+    >>> layer(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape
+    (2, 4, 8)
+
+    References:
+        Vaswani et al., 2017, sections 3.1, 3.2.3 and 5.4.
+    """
+
+    def build(self, inputs_shape, encoder_outputs_shape):
+        hidden_dim = inputs_shape[-1]
+        self._self_attention = self._make_attention("self_attention", hidden_dim)
+        self._self_attention.build(inputs_shape, inputs_shape)
+        self._self_attention_norm = self._make_norm("self_attention_norm")
+        self._self_attention_norm.build(inputs_shape)
+        self._self_attention_dropout = self._make_dropout("self_attention_dropout")
+        self._cross_attention = self._make_attention("cross_attention", hidden_dim)
+        self._cross_attention.build(inputs_shape, encoder_outputs_shape)
+        self._cross_attention_norm = self._make_norm("cross_attention_norm")
+        self._cross_attention_norm.build(inputs_shape)
+        self._cross_attention_dropout = self._make_dropout("cross_attention_dropout")
+        self._feed_forward = self._make_feed_forward("feed_forward")
+        self._feed_forward.build(inputs_shape)
+        self._feed_forward_norm = self._make_norm("feed_forward_norm")
+        self._feed_forward_norm.build(inputs_shape)
+        self._feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+
+    def compute_cross_attention_cache(self, encoder_outputs):
+        """Projects `(B, S, D)` encoder outputs once into a `(B, 2, S, H, K)` cache."""
+        return self._cross_attention.compute_cache(encoder_outputs)
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
+    ):
+        if decoder_padding_mask is None:
+            decoder_padding_mask = inputs_mask
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_outputs_mask
+        extra = []
+
+        def self_attention(x):
+            return self._self_attention(
+                x,
+                x,
+                query_mask=decoder_padding_mask,
+                value_mask=decoder_padding_mask,
+                use_causal_mask=True,
+                cache=self_attention_cache,
+                cache_update_index=self_attention_cache_update_index,
+                training=training,
+            )
+
+        def cross_attention(x):
+            outputs = self._cross_attention(
+                x,
+                encoder_outputs,
+                query_mask=decoder_padding_mask,
+                attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
+                return_attention_scores=return_attention_scores,
+                cache=cross_attention_cache,
+                training=training,
+            )
+            if return_attention_scores:
+                extra.append(outputs[1])
+            return outputs[0] if isinstance(outputs, tuple) else outputs
+
+        outputs = self._residual(
+            inputs,
+            self_attention,
+            self._self_attention_norm,
+            self._self_attention_dropout,
+            training,
+        )
+        if self_attention_cache is not None:
+            outputs, self_attention_cache = outputs
+        outputs = self._residual(
+            outputs,
+            cross_attention,
+            self._cross_attention_norm,
+            self._cross_attention_dropout,
+            training,
+        )
+        outputs = self._residual(
+            outputs,
+            lambda x: self._feed_forward(x, training=training),
+            self._feed_forward_norm,
+            self._feed_forward_dropout,
+            training,
+        )
+        results = [outputs, *extra]
+        if self_attention_cache is not None:
+            results.append(self_attention_cache)
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(TransformerStack):
+    """A stack of `num_layers` `DecoderLayer`s (N = 6 in the paper).
+
+    Caches for the whole stack carry a layer axis: the self-attention cache is
+    `(B, L, 2, T_max, H, K)` (`initial_cache` makes an empty one) and the
+    cross-attention cache `(B, L, 2, S, H, K)` (`compute_cross_attention_cache`).
+
+    Args:
+        num_layers: int, number of layers `N`.
+        num_heads, intermediate_dim, dropout, attention_dropout, activation,
+        layer_norm_epsilon, normalize_first, kernel_initializer,
+        bias_initializer: as in `EncoderLayer`.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)` embedded target.
+        encoder_outputs: `(B, S, D)`.
+        decoder_padding_mask: bool `(B, T)`; defaults to the Keras mask.
+        encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask.
+        self_attention_cache: `(B, L, 2, T_max, H, K)` or None.
+        self_attention_cache_update_index: int scalar or None.
+        cross_attention_cache: `(B, L, 2, S, H, K)` or None.
+        return_attention_scores: bool, also return the `(B, L, H, T, S)`
+            encoder-decoder attention probabilities of every layer.
+        training: bool, whether dropout is active.
+
+    Returns:
+        `(B, T, D)`; then the attention probabilities if requested; then the
+        updated self-attention cache if one was given.
+
+    Example:
+    >>> decoder = Decoder(num_layers=2, num_heads=2, intermediate_dim=16)
+    >>> decoder(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape
+    (2, 4, 8)
+
+    References:
+        Vaswani et al., 2017, section 3.1.
+    """
+
+    layer_class = DecoderLayer
+
+    def build(self, inputs_shape, encoder_outputs_shape):
+        self._build_layers(inputs_shape, encoder_outputs_shape)
+
+    def initial_cache(self, batch_size, max_length):
+        """An empty `(B, L, 2, max_length, H, K)` self-attention cache."""
+        attention = self.stack_layers[0]._self_attention
+        shape = (batch_size, self.num_layers, 2, max_length, self.num_heads, attention.key_dim)
+        return ops.zeros(shape, dtype=self.compute_dtype)
+
+    def compute_cross_attention_cache(self, encoder_outputs):
+        """Projects `(B, S, D)` encoder outputs into a `(B, L, 2, S, H, K)` cache."""
+        return ops.stack(
+            [layer.compute_cross_attention_cache(encoder_outputs) for layer in self.stack_layers],
+            axis=1,
+        )
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
+    ):
+        if decoder_padding_mask is None:
+            decoder_padding_mask = inputs_mask
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_outputs_mask
+        outputs = inputs
+        scores, caches = [], []
+        for index, layer in enumerate(self.stack_layers):
+            results = layer(
+                outputs,
+                encoder_outputs,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=(
+                    None if self_attention_cache is None else self_attention_cache[:, index]
+                ),
+                self_attention_cache_update_index=self_attention_cache_update_index,
+                cross_attention_cache=(
+                    None if cross_attention_cache is None else cross_attention_cache[:, index]
+                ),
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            if not isinstance(results, tuple):
+                results = (results,)
+            outputs = results[0]
+            if return_attention_scores:
+                scores.append(results[1])
+            if self_attention_cache is not None:
+                caches.append(results[-1])
+        results = [self._finish(outputs)]
+        if return_attention_scores:
+            results.append(ops.stack(scores, axis=1))  # (B, L, H, T, S)
+        if self_attention_cache is not None:
+            results.append(ops.stack(caches, axis=1))  # (B, L, 2, T_max, H, K)
+        return results[0] if len(results) == 1 else tuple(results)

@@ -1,0 +1,119 @@
+"""Token embedding scaled by sqrt(D), reusable as the pre-softmax projection."""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenEmbedding(keras.layers.Layer):
+    """Token embedding that can also serve as the output projection.
+
+    Forward, token ids become embeddings multiplied by `sqrt(D)` (section 3.4).
+    With `reverse=True` the same matrix maps `(B, T, D)` states to `(B, T, V)`
+    logits (`x E^T`), which is how the paper shares "the same weight matrix
+    between the two embedding layers and the pre-softmax linear
+    transformation". When `pad_id` is set, the layer emits a Keras mask that
+    is True for every token other than `pad_id`.
+
+    Args:
+        vocabulary_size: int, number of tokens `V`.
+        embedding_dim: int, model size `D`.
+        scale: bool, multiply embeddings by `sqrt(D)`.
+        pad_id: int or None, padding token id for the Keras mask.
+        embeddings_initializer: initializer of the `(V, D)` matrix. Defaults to
+            a normal distribution with standard deviation `D ** -0.5`, which
+            keeps the scaled embeddings and the tied logits at unit scale.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: int `(B, T)` token ids, or `(B, T, D)` states with `reverse`.
+        reverse: bool, project states to logits instead of embedding ids.
+
+    Returns:
+        `(B, T, D)` embeddings, or `(B, T, V)` logits with `reverse=True`.
+
+    Example:
+    >>> layer = TokenEmbedding(vocabulary_size=10, embedding_dim=4, pad_id=0)
+    >>> layer(keras.ops.array([[3, 1, 0]])).shape
+    (1, 3, 4)
+
+    References:
+        Vaswani et al., 2017, section 3.4.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        embedding_dim,
+        scale=True,
+        pad_id=None,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if vocabulary_size <= 0:
+            raise ValueError(
+                f"vocabulary_size must be positive. Received: vocabulary_size={vocabulary_size}"
+            )
+        if embedding_dim <= 0:
+            raise ValueError(
+                f"embedding_dim must be positive. Received: embedding_dim={embedding_dim}"
+            )
+        if pad_id is not None and not 0 <= pad_id < vocabulary_size:
+            raise ValueError(
+                f"pad_id must be a token id below vocabulary_size={vocabulary_size}. "
+                f"Received: pad_id={pad_id}"
+            )
+        self.vocabulary_size = vocabulary_size
+        self.embedding_dim = embedding_dim
+        self.scale = scale
+        self.pad_id = pad_id
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(
+                stddev=embedding_dim**-0.5
+            )
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.supports_masking = pad_id is not None
+
+    def build(self, inputs_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocabulary_size, self.embedding_dim),
+            initializer=self.embeddings_initializer,
+        )
+
+    def call(self, inputs, reverse=False):
+        embeddings = ops.cast(self.embeddings, self.compute_dtype)
+        if reverse:
+            return ops.matmul(inputs, ops.transpose(embeddings))  # (B, T, V)
+        outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
+        if self.scale:
+            outputs = outputs * ops.cast(math.sqrt(self.embedding_dim), outputs.dtype)
+        return outputs
+
+    def compute_mask(self, inputs, mask=None):
+        if self.pad_id is None or "int" not in str(inputs.dtype):
+            return mask
+        return ops.not_equal(inputs, self.pad_id)
+
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        if reverse:
+            return tuple(inputs_shape[:-1]) + (self.vocabulary_size,)
+        return tuple(inputs_shape) + (self.embedding_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "embedding_dim": self.embedding_dim,
+                "scale": self.scale,
+                "pad_id": self.pad_id,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config

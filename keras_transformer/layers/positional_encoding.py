@@ -1,0 +1,120 @@
+"""Sinusoidal and learned positional encodings (section 3.5)."""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds position information to a sequence of embeddings.
+
+    The default encoding is the paper's fixed sinusoid, defined for any length:
+    `PE(pos, 2i) = sin(pos / max_wavelength^(2i / D))` and
+    `PE(pos, 2i + 1) = cos(pos / max_wavelength^(2i / D))`. With `learned=True`
+    a trainable `(max_length, D)` table is used instead (Table 3, row E).
+    The Keras mask of the inputs passes through unchanged.
+
+    Args:
+        max_wavelength: float, the base of the sinusoid wavelengths (10000 in
+            the paper).
+        learned: bool, use learned position embeddings instead of sinusoids.
+        max_length: int, the longest sequence a learned table covers. Required
+            with `learned=True`, ignored otherwise.
+        initializer: initializer of the learned table.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, D)` embeddings.
+        start_index: int scalar, position of `inputs[:, 0]` (non-zero when
+            decoding one step at a time). Defaults to 0.
+
+    Returns:
+        `(B, T, D)` tensor: `inputs + PE[start_index : start_index + T]`.
+
+    Example:
+    >>> layer = PositionalEncoding()
+    >>> layer(keras.ops.zeros((1, 3, 4))).shape
+    (1, 3, 4)
+
+    References:
+        Vaswani et al., 2017, section 3.5 and Table 3.
+    """
+
+    def __init__(
+        self,
+        max_wavelength=10000.0,
+        learned=False,
+        max_length=None,
+        initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if max_wavelength <= 0:
+            raise ValueError(
+                f"max_wavelength must be positive. Received: max_wavelength={max_wavelength}"
+            )
+        if learned and (max_length is None or max_length <= 0):
+            raise ValueError(
+                "A learned positional encoding needs a positive max_length. "
+                f"Received: max_length={max_length}"
+            )
+        self.max_wavelength = max_wavelength
+        self.learned = learned
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        hidden_dim = inputs_shape[-1]
+        if hidden_dim % 2 and not self.learned:
+            raise ValueError(
+                "A sinusoidal positional encoding needs an even model size. "
+                f"Received: inputs_shape={inputs_shape}"
+            )
+        if self.learned:
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings",
+                shape=(self.max_length, hidden_dim),
+                initializer=self.initializer,
+            )
+
+    def encoding(self, length, hidden_dim, start_index=0):
+        """The `(T, D)` encoding of positions `start_index .. start_index + T - 1`."""
+        if self.learned:
+            return ops.slice(
+                ops.convert_to_tensor(self.position_embeddings),
+                [start_index, 0],
+                [length, hidden_dim],
+            )
+        positions = ops.cast(ops.arange(length) + start_index, "float32")  # (T,)
+        # 1 / max_wavelength^(2i / D) for i = 0 .. D/2 - 1
+        inverse_frequencies = ops.exp(
+            ops.arange(0, hidden_dim, 2, dtype="float32")
+            * (-math.log(self.max_wavelength) / hidden_dim)
+        )
+        angles = ops.expand_dims(positions, 1) * ops.expand_dims(inverse_frequencies, 0)
+        # Interleave so that even columns hold sines and odd columns cosines.
+        encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D/2, 2)
+        return ops.reshape(encoding, (length, hidden_dim))  # (T, D)
+
+    def call(self, inputs, start_index=0):
+        shape = ops.shape(inputs)
+        encoding = self.encoding(shape[1], shape[2], start_index)
+        return inputs + ops.cast(ops.expand_dims(encoding, 0), inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_wavelength": self.max_wavelength,
+                "learned": self.learned,
+                "max_length": self.max_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config

@@ -1,0 +1,316 @@
+"""The encoder-decoder Transformer model (section 3)."""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.decoder import Decoder
+from keras_transformer.layers.embedding import TokenEmbedding
+from keras_transformer.layers.encoder import Encoder
+from keras_transformer.layers.positional_encoding import PositionalEncoding
+from keras_transformer.models.presets import PRESETS
+
+INPUT_KEYS = ("source_ids", "target_input_ids")
+
+
+def _split_inputs(inputs):
+    if isinstance(inputs, dict):
+        missing = [key for key in INPUT_KEYS if key not in inputs]
+        if missing:
+            raise ValueError(
+                f"Transformer inputs need the keys {INPUT_KEYS}. Missing: {missing}"
+            )
+        return inputs["source_ids"], inputs["target_input_ids"]
+    if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
+        return tuple(inputs)
+    raise ValueError(
+        "Transformer inputs must be (source_ids, target_input_ids) or a dict with "
+        f"those keys. Received: {type(inputs).__name__}"
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of "Attention Is All You Need".
+
+    `model((source_ids, target_input_ids))` returns float32 logits over the
+    target vocabulary. Tokens equal to `pad_id` are masked throughout: as
+    attention keys and queries in the encoder and the decoder. The decoder is
+    causal. Embeddings are multiplied by `sqrt(D)`, summed with positional
+    encodings and passed through dropout (section 5.4). By default one
+    embedding matrix serves the source, the target and the pre-softmax
+    projection (section 3.4), which requires a shared vocabulary.
+
+    Args:
+        vocabulary_size: int, size of the (source, or shared) vocabulary.
+        num_layers: int, layers `N` in each of the encoder and decoder.
+        hidden_dim: int, model size `d_model`.
+        intermediate_dim: int, feed-forward size `d_ff`.
+        num_heads: int, attention heads `h`.
+        dropout: float, `P_drop` for residuals and embeddings.
+        attention_dropout: float, dropout on attention probabilities.
+        activation: feed-forward activation.
+        layer_norm_epsilon: float.
+        normalize_first: bool, pre-norm layers instead of the paper's post-norm.
+        target_vocabulary_size: int or None, size of a separate target
+            vocabulary. Defaults to `vocabulary_size`.
+        share_source_target_embeddings: bool, one embedding for source and
+            target (needs equal vocabulary sizes).
+        tie_output_embeddings: bool, reuse the target embedding as the
+            pre-softmax projection.
+        learned_positions: bool, learned positional embeddings instead of
+            sinusoids (needs `max_length`).
+        max_length: int or None, longest sequence of learned positions.
+        pad_id: int, padding token id.
+        bos_id: int, start-of-sequence id that begins decoder inputs.
+        eos_id: int, end-of-sequence id that ends decoder outputs.
+        **kwargs: base `keras.Model` arguments.
+
+    Call arguments:
+        inputs: `(source_ids, target_input_ids)`, int `(B, S)` and `(B, T)`, or a
+            dict with those keys.
+        training: bool, whether dropout is active.
+
+    Returns:
+        float32 `(B, T, V)` logits.
+
+    Example:
+    >>> model = Transformer.from_preset("transformer_small", vocabulary_size=100)
+    >>> source = keras.ops.array([[5, 6, 7, 3, 0]])
+    >>> target = keras.ops.array([[2, 5, 6, 7]])
+    >>> model((source, target)).shape
+    (1, 4, 100)
+
+    References:
+        Vaswani et al., 2017, section 3 and Table 3.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers=6,
+        hidden_dim=512,
+        intermediate_dim=2048,
+        num_heads=8,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        layer_norm_epsilon=1e-6,
+        normalize_first=False,
+        target_vocabulary_size=None,
+        share_source_target_embeddings=True,
+        tie_output_embeddings=True,
+        learned_positions=False,
+        max_length=None,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        target_vocabulary_size = target_vocabulary_size or vocabulary_size
+        if share_source_target_embeddings and target_vocabulary_size != vocabulary_size:
+            raise ValueError(
+                "share_source_target_embeddings needs one vocabulary. Received: "
+                f"vocabulary_size={vocabulary_size}, "
+                f"target_vocabulary_size={target_vocabulary_size}"
+            )
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.normalize_first = normalize_first
+        self.target_vocabulary_size = target_vocabulary_size
+        self.share_source_target_embeddings = share_source_target_embeddings
+        self.tie_output_embeddings = tie_output_embeddings
+        self.learned_positions = learned_positions
+        self.max_length = max_length
+        self.pad_id = pad_id
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+
+        policy = self.dtype_policy
+        self.source_embedding = TokenEmbedding(
+            vocabulary_size, hidden_dim, dtype=policy, name="source_embedding"
+        )
+        self.target_embedding = (
+            self.source_embedding
+            if share_source_target_embeddings
+            else TokenEmbedding(
+                target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding"
+            )
+        )
+        self.source_positions = PositionalEncoding(
+            learned=learned_positions, max_length=max_length, dtype=policy,
+            name="source_positions",
+        )
+        self.target_positions = PositionalEncoding(
+            learned=learned_positions, max_length=max_length, dtype=policy,
+            name="target_positions",
+        )
+        self.source_dropout = keras.layers.Dropout(dropout, dtype=policy, name="source_dropout")
+        self.target_dropout = keras.layers.Dropout(dropout, dtype=policy, name="target_dropout")
+        stack_config = {
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "intermediate_dim": intermediate_dim,
+            "dropout": dropout,
+            "attention_dropout": attention_dropout,
+            "activation": activation,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "normalize_first": normalize_first,
+            "dtype": policy,
+        }
+        self.encoder = Encoder(name="encoder", **stack_config)
+        self.decoder = Decoder(name="decoder", **stack_config)
+        self.output_projection = None
+        if not tie_output_embeddings:
+            self.output_projection = keras.layers.Dense(
+                target_vocabulary_size, dtype=policy, name="output_projection"
+            )
+
+    @classmethod
+    def from_preset(cls, preset, vocabulary_size, **kwargs):
+        """Builds a model from a named preset, e.g. `"transformer_base"`.
+
+        Args:
+            preset: str, one of `PRESETS`.
+            vocabulary_size: int, the (shared) vocabulary size.
+            **kwargs: constructor arguments overriding the preset's.
+
+        Returns:
+            An unbuilt `Transformer`.
+        """
+        if preset not in PRESETS:
+            raise ValueError(
+                f"Unknown preset {preset!r}. Known presets: {sorted(PRESETS)}"
+            )
+        return cls(vocabulary_size=vocabulary_size, **{**PRESETS[preset], **kwargs})
+
+    def build(self, inputs_shape):
+        if isinstance(inputs_shape, dict):
+            inputs_shape = tuple(inputs_shape[key] for key in INPUT_KEYS)
+        source_shape, target_shape = inputs_shape
+        source_states = tuple(source_shape) + (self.hidden_dim,)
+        target_states = tuple(target_shape) + (self.hidden_dim,)
+        self.source_embedding.build(source_shape)
+        if not self.target_embedding.built:  # already built when shared
+            self.target_embedding.build(target_shape)
+        self.source_positions.build(source_states)
+        self.target_positions.build(target_states)
+        self.encoder.build(source_states)
+        self.decoder.build(target_states, source_states)
+        if self.output_projection is not None:
+            self.output_projection.build(target_states)
+        self.built = True
+
+    def padding_mask(self, token_ids):
+        """Bool `(B, L)` mask, True for tokens other than `pad_id`."""
+        return ops.not_equal(token_ids, self.pad_id)
+
+    def encode(self, source_ids, training=None):
+        """Encodes int `(B, S)` source ids.
+
+        Returns:
+            `(encoder_outputs, source_padding_mask)`: `(B, S, D)` and bool `(B, S)`.
+        """
+        source_padding_mask = self.padding_mask(source_ids)
+        states = self.source_positions(self.source_embedding(source_ids))  # (B, S, D)
+        states = self.source_dropout(states, training=training)
+        encoder_outputs = self.encoder(
+            states, padding_mask=source_padding_mask, training=training
+        )
+        return encoder_outputs, source_padding_mask
+
+    def _logits(self, states):
+        if self.output_projection is None:
+            logits = self.target_embedding(states, reverse=True)  # (B, T, V)
+        else:
+            logits = self.output_projection(states)  # (B, T, V)
+        return ops.cast(logits, "float32")
+
+    def decode(
+        self,
+        target_ids,
+        encoder_outputs,
+        source_padding_mask,
+        self_attention_cache=None,
+        cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        """Decodes int `(B, T)` target ids against `(B, S, D)` encoder outputs.
+
+        Args:
+            target_ids: int `(B, T)`; with a cache, the ids at positions
+                `cache_update_index .. cache_update_index + T - 1`.
+            encoder_outputs: `(B, S, D)` from `encode`.
+            source_padding_mask: bool `(B, S)` from `encode`.
+            self_attention_cache: `(B, L, 2, T_max, H, K)` or None, see
+                `Decoder.initial_cache`.
+            cache_update_index: int scalar, position of `target_ids[:, 0]`.
+            cross_attention_cache: `(B, L, 2, S, H, K)` or None, see
+                `Decoder.compute_cross_attention_cache`.
+            return_attention_scores: bool, also return the `(B, L, H, T, S)`
+                encoder-decoder attention probabilities.
+            training: bool, whether dropout is active.
+
+        Returns:
+            float32 `(B, T, V)` logits; then the attention probabilities if
+            requested; then the updated self-attention cache if one was given.
+        """
+        start_index = 0 if cache_update_index is None else cache_update_index
+        states = self.target_embedding(target_ids)  # (B, T, D)
+        states = self.target_positions(states, start_index=start_index)
+        states = self.target_dropout(states, training=training)
+        results = self.decoder(
+            states,
+            encoder_outputs,
+            decoder_padding_mask=None if self_attention_cache is not None
+            else self.padding_mask(target_ids),
+            encoder_padding_mask=source_padding_mask,
+            self_attention_cache=self_attention_cache,
+            self_attention_cache_update_index=cache_update_index,
+            cross_attention_cache=cross_attention_cache,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        if not isinstance(results, tuple):
+            return self._logits(results)
+        return (self._logits(results[0]), *results[1:])
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = _split_inputs(inputs)
+        encoder_outputs, source_padding_mask = self.encode(source_ids, training=training)
+        return self.decode(target_ids, encoder_outputs, source_padding_mask, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "num_heads": self.num_heads,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "normalize_first": self.normalize_first,
+                "target_vocabulary_size": self.target_vocabulary_size,
+                "share_source_target_embeddings": self.share_source_target_embeddings,
+                "tie_output_embeddings": self.tie_output_embeddings,
+                "learned_positions": self.learned_positions,
+                "max_length": self.max_length,
+                "pad_id": self.pad_id,
+                "bos_id": self.bos_id,
+                "eos_id": self.eos_id,
+            }
+        )
+        return config

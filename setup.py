@@ -1,0 +1,34 @@
+"""keras-transformer: the Transformer of "Attention Is All You Need" for Keras 3."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-transformer",
+    version="0.1.0",
+    description=(
+        'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) '
+        "as Keras 3 layers, with TensorFlow pipelines for training and TF Serving."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["keras_transformer*", "pipelines*"]),
+    install_requires=[
+        "keras>=3.10,<4",
+        "numpy>=1.26",
+        "tensorflow>=2.21,<2.22",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorflow-datasets>=4.9,<5",
+        "keras-hub>=0.21,<1",
+        "sacrebleu>=2.4,<3",
+        "sentencepiece>=0.2,<0.3",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "ruff>=0.6",
+            "jax[cpu]>=0.4.30",
+        ],
+    },
+)

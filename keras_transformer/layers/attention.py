@@ -215,6 +215,10 @@ class MultiHeadAttention(keras.layers.Layer):
         return results[0] if len(results) == 1 else tuple(results)
 
     def _attend(self, query_states, key_states, value_states, mask, training):
+        if self.compute_dtype == "float16":
+            # float16 logits overflow past 65504; bfloat16 has float32's range.
+            query_states = ops.cast(query_states, "float32")
+            key_states = ops.cast(key_states, "float32")
         query_states = query_states * ops.cast(
             1.0 / math.sqrt(self.key_dim), query_states.dtype
         )

@@ -98,10 +98,15 @@ class TokenEmbedding(keras.layers.Layer):
             return mask
         return ops.not_equal(inputs, self.pad_id)
 
-    def compute_output_shape(self, inputs_shape, reverse=False):
-        if reverse:
-            return tuple(inputs_shape[:-1]) + (self.vocabulary_size,)
+    def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape) + (self.embedding_dim,)
+
+    def compute_output_spec(self, inputs, reverse=False):
+        if reverse:
+            shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)
+        else:
+            shape = self.compute_output_shape(inputs.shape)
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

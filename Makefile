@@ -1,0 +1,31 @@
+# One entry point for users and CI: `make test` builds .venv, installs the
+# package with its test extra, lints, and runs the suite under the TensorFlow
+# and the JAX backends.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+PYTEST := TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
+# Tests of backend-agnostic code (keras_transformer/); pipelines/ is TensorFlow-only.
+AGNOSTIC_TESTS := tests --ignore=tests/pipelines
+
+.PHONY: install test test-slow lint
+
+$(VENV)/.installed: setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
+	KERAS_BACKEND=tensorflow $(PYTEST) tests
+	KERAS_BACKEND=jax $(PYTEST) $(AGNOSTIC_TESTS)
+
+# pytest exits 5 when no test carries the marker; that is not a failure.
+test-slow: install
+	KERAS_BACKEND=tensorflow $(PYTEST) -m slow tests || [ $$? -eq 5 ]

@@ -1,0 +1,184 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer.layers import MultiHeadAttention
+from tests.test_case import run_layer_test, to_numpy
+
+B, T, S, D, H = 2, 4, 6, 8, 2
+
+
+def numpy_attention(layer, query, value, mask=None):
+    """Eq. (1) with the multi-head projections of section 3.2.2, in NumPy."""
+    weights = {w.path.split("/", 1)[1]: to_numpy(w) for w in layer.weights}
+    heads = []
+    for h in range(layer.num_heads):
+        q = query @ weights["query/kernel"][:, h] + weights["query/bias"][h]  # (B, T, K)
+        k = value @ weights["key/kernel"][:, h] + weights["key/bias"][h]  # (B, S, K)
+        v = value @ weights["value/kernel"][:, h] + weights["value/bias"][h]  # (B, S, K)
+        logits = q @ k.transpose(0, 2, 1) / np.sqrt(layer.key_dim)  # (B, T, S)
+        if mask is not None:
+            logits = np.where(mask, logits, -np.inf)
+        logits = logits - logits.max(-1, keepdims=True)
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        heads.append(probs @ v)  # (B, T, K)
+    concat = np.concatenate(heads, axis=-1)  # (B, T, H*K)
+    w_o = weights["attention_output/kernel"].reshape(concat.shape[-1], -1)  # (H*K, D)
+    return concat @ w_o + weights["attention_output/bias"]
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return (
+        rng.normal(size=(B, T, D)).astype("float32"),
+        rng.normal(size=(B, S, D)).astype("float32"),
+    )
+
+
+def test_layer_basics(data):
+    query, value = data
+    run_layer_test(
+        MultiHeadAttention,
+        init_kwargs={"num_heads": H, "key_dim": 4, "dropout": 0.1},
+        input_data={"query": query, "value": value},
+        expected_output_shape=(B, T, D),
+        expected_num_trainable_weights=8,
+    )
+
+
+def test_matches_numpy_eq_1(data):
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=3, bias_initializer="random_normal")
+    outputs = to_numpy(layer(query, value))
+    np.testing.assert_allclose(outputs, numpy_attention(layer, query, value), atol=1e-5)
+
+
+def test_matches_numpy_with_mask(data):
+    query, value = data
+    mask = np.random.default_rng(1).random((B, T, S)) > 0.3
+    mask[:, :, 0] = True  # every query attends at least one key
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    outputs = to_numpy(layer(query, value, attention_mask=mask))
+    np.testing.assert_allclose(outputs, numpy_attention(layer, query, value, mask), atol=1e-5)
+
+
+def test_attention_scores_are_probabilities(data):
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    _, scores = layer(query, value, return_attention_scores=True)
+    scores = to_numpy(scores)
+    assert scores.shape == (B, H, T, S)
+    np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-5)
+
+
+def test_keras_mask_equals_explicit_mask():
+    ids = np.array([[3, 5, 7, 0, 0], [4, 0, 0, 0, 0]])
+    embedding = keras.layers.Embedding(10, D, mask_zero=True)
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    inputs = keras.Input((5,), dtype="int32")
+    states = embedding(inputs)
+    model = keras.Model(inputs, layer(states, states))
+    implicit = to_numpy(model(ids))
+
+    real = ids != 0
+    explicit_mask = real[:, :, None] & real[:, None, :]
+    states = embedding(ids)
+    explicit = to_numpy(layer(states, states, attention_mask=explicit_mask))
+    np.testing.assert_array_equal(implicit, explicit)
+    # The mask matters: without it the real positions change.
+    bare_states = ops.convert_to_tensor(to_numpy(states))  # no Keras mask attached
+    unmasked = to_numpy(layer(bare_states, bare_states))
+    assert not np.allclose(unmasked[real], explicit[real])
+
+
+def test_padded_keys_do_not_change_outputs(data):
+    query, value = data
+    value_mask = np.ones((B, S), bool)
+    value_mask[:, -2:] = False
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    outputs = to_numpy(layer(query, value, value_mask=value_mask))
+    changed = value.copy()
+    changed[:, -2:] = 100.0
+    np.testing.assert_allclose(
+        to_numpy(layer(query, changed, value_mask=value_mask)), outputs, atol=1e-6
+    )
+
+
+def test_causal_mask_hides_the_future(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    outputs = to_numpy(layer(query, query, use_causal_mask=True))
+    changed = query.copy()
+    changed[:, -1] += 5.0
+    new_outputs = to_numpy(layer(changed, changed, use_causal_mask=True))
+    np.testing.assert_allclose(new_outputs[:, :-1], outputs[:, :-1], atol=1e-6)
+    assert not np.allclose(new_outputs[:, -1], outputs[:, -1])
+
+
+def test_cached_self_attention_equals_full_pass(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    full = to_numpy(layer(query, query, use_causal_mask=True))
+    cache = ops.zeros((B, 2, T, H, 4))
+    steps = []
+    for index in range(T):
+        step = query[:, index : index + 1]
+        output, cache = layer(
+            step, step, use_causal_mask=True, cache=cache, cache_update_index=index
+        )
+        steps.append(to_numpy(output))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_cross_attention_cache_equals_recomputation(data):
+    query, value = data
+    mask = np.ones((B, 1, S), bool)
+    mask[1, :, -3:] = False
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    expected = to_numpy(layer(query, value, attention_mask=mask))
+    cache = layer.compute_cache(value)
+    assert tuple(cache.shape) == (B, 2, S, H, 4)
+    output, returned_cache = layer(query, value, attention_mask=mask, cache=cache)
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(returned_cache), to_numpy(cache))
+
+
+def test_dropout_reaches_attention_probabilities(data):
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, dropout=0.99)
+    inference = to_numpy(layer(query, value, training=False))
+    np.testing.assert_array_equal(inference, to_numpy(layer(query, value)))
+    assert not np.allclose(to_numpy(layer(query, value, training=True)), inference)
+
+
+def test_fully_masked_rows_stay_finite(data):
+    query, value = data
+    mask = np.zeros((B, T, S), bool)
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    outputs = to_numpy(layer(query, value, attention_mask=mask))
+    assert np.isfinite(outputs).all()
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_softmax_is_float32_under_mixed_precision(data, policy):
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, dtype=policy)
+    # Logits beyond float16's range (65504) must not overflow the softmax.
+    outputs, scores = layer(query * 300.0, value * 300.0, return_attention_scores=True)
+    assert np.isfinite(to_numpy(ops.cast(outputs, "float32"))).all()
+    np.testing.assert_allclose(to_numpy(ops.cast(scores, "float32")).sum(-1), 1.0, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_heads": 0, "key_dim": 4}, "num_heads=0"),
+        ({"num_heads": 2, "key_dim": -1}, "key_dim=-1"),
+        ({"num_heads": 2, "key_dim": 4, "dropout": 1.5}, "dropout=1.5"),
+    ],
+)
+def test_invalid_arguments_name_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(**kwargs)

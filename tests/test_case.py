@@ -1,0 +1,127 @@
+"""Shared checks every layer test runs (config, calls, a jit fit step, dtypes, saving)."""
+
+import os
+
+import keras
+import numpy as np
+from keras import ops
+
+MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+def to_numpy(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def _symbolic_inputs(input_data):
+    return {
+        name: keras.Input(
+            shape=value.shape[1:], batch_size=value.shape[0], dtype=str(value.dtype), name=name
+        )
+        for name, value in input_data.items()
+    }
+
+
+def _first(outputs):
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+def check_config_round_trip(layer):
+    """get_config/from_config and serialize/deserialize give the same config."""
+    config = layer.get_config()
+    restored = layer.__class__.from_config(config)
+    assert restored.get_config() == config
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert isinstance(revived, layer.__class__)
+    assert revived.get_config() == config
+
+
+def run_layer_test(
+    layer_cls,
+    init_kwargs,
+    input_data,
+    expected_output_shape,
+    expected_num_trainable_weights,
+    call_kwargs=None,
+    run_training_check=True,
+    run_precision_checks=True,
+):
+    """Runs the checks every public layer must pass.
+
+    Args:
+        layer_cls: the layer class.
+        init_kwargs: dict of constructor arguments.
+        input_data: dict of call-argument name -> NumPy array (tensor inputs).
+        expected_output_shape: the shape of the (first) output.
+        expected_num_trainable_weights: int.
+        call_kwargs: dict of non-tensor call arguments.
+        run_training_check: run one jit-compiled fit step.
+        run_precision_checks: repeat the calls under mixed precision.
+    """
+    call_kwargs = call_kwargs or {}
+    layer = layer_cls(**init_kwargs)
+    check_config_round_trip(layer)
+
+    # Eager call builds the layer.
+    eager_output = _first(layer(**input_data, **call_kwargs))
+    assert tuple(eager_output.shape) == tuple(expected_output_shape)
+    assert len(layer.trainable_weights) == expected_num_trainable_weights
+    check_config_round_trip(layer)
+
+    # Symbolic call in a functional model.
+    symbolic_layer = layer_cls(**init_kwargs)
+    symbolic_inputs = _symbolic_inputs(input_data)
+    symbolic_output = _first(symbolic_layer(**symbolic_inputs, **call_kwargs))
+    assert tuple(symbolic_output.shape) == tuple(expected_output_shape)
+    model = keras.Model(symbolic_inputs, symbolic_output)
+    np.testing.assert_allclose(
+        to_numpy(model(input_data)), to_numpy(_first(symbolic_layer(**input_data, **call_kwargs))),
+        rtol=1e-5, atol=1e-5,
+    )
+
+    if run_training_check:
+        _run_jit_fit_step(model, input_data, expected_output_shape)
+
+    if run_precision_checks:
+        for policy_name in MIXED_POLICIES:
+            _run_precision_check(layer_cls, init_kwargs, input_data, call_kwargs, policy_name)
+
+
+def _run_jit_fit_step(model, input_data, output_shape):
+    """One jit-compiled fit step changes the trainable weights."""
+    before = [to_numpy(w).copy() for w in model.trainable_weights]
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1), loss="mse", jit_compile=True)
+    targets = np.random.default_rng(0).normal(size=output_shape).astype("float32")
+    history = model.fit(input_data, targets, batch_size=output_shape[0], epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    after = [to_numpy(w) for w in model.trainable_weights]
+    assert any(not np.allclose(b, a) for b, a in zip(before, after)), "fit step changed nothing"
+
+
+def _run_precision_check(layer_cls, init_kwargs, input_data, call_kwargs, policy_name):
+    """Under a mixed policy: float32 weights, outputs in the compute dtype."""
+    policy = keras.DTypePolicy(policy_name)
+    layer = layer_cls(**{**init_kwargs, "dtype": policy})
+    output = _first(layer(**input_data, **call_kwargs))
+    assert keras.backend.standardize_dtype(output.dtype) == policy.compute_dtype
+    for weight in layer.weights:
+        assert keras.backend.standardize_dtype(weight.dtype) == "float32", weight.path
+    for sublayer in layer._flatten_layers():
+        assert sublayer.dtype_policy.name == policy_name, sublayer.name
+
+
+def run_model_saving_test(model, input_data, tmp_path):
+    """`.keras` save and reload with safe_mode=True gives identical outputs.
+
+    Args:
+        model: a built Keras model or layer wrapped in a model.
+        input_data: what the model is called on.
+        tmp_path: a pathlib folder to write in.
+    """
+    expected = to_numpy(_first(model(input_data)))
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path, safe_mode=True)
+    assert restored.__class__ is model.__class__
+    np.testing.assert_array_equal(to_numpy(_first(restored(input_data))), expected)
+    return restored

@@ -37,7 +37,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         Vaswani et al., 2017, section 5.4; Szegedy et al., 2016.
     """
 
-    def __init__(self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy", **kwargs):
+    def __init__(
+        self, label_smoothing=0.1, pad_id=0, name="label_smoothed_cross_entropy", **kwargs
+    ):
         super().__init__(name=name, **kwargs)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(
@@ -49,9 +51,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         y_true = ops.cast(y_true, "int32")
         log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)  # (B, T, V)
-        target_log_probs = ops.take_along_axis(
-            log_probs, ops.expand_dims(y_true, -1), axis=-1
-        )[..., 0]  # (B, T)
+        target_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1)[
+            ..., 0
+        ]  # (B, T)
         uniform_log_probs = ops.mean(log_probs, axis=-1)  # (B, T)
         losses = -(
             (1.0 - self.label_smoothing) * target_log_probs

@@ -75,8 +75,10 @@ def run_layer_test(
     assert tuple(symbolic_output.shape) == tuple(expected_output_shape)
     model = keras.Model(symbolic_inputs, symbolic_output)
     np.testing.assert_allclose(
-        to_numpy(model(input_data)), to_numpy(_first(symbolic_layer(**input_data, **call_kwargs))),
-        rtol=1e-5, atol=1e-5,
+        to_numpy(model(input_data)),
+        to_numpy(_first(symbolic_layer(**input_data, **call_kwargs))),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
     if run_training_check:
@@ -95,7 +97,9 @@ def _run_jit_fit_step(model, input_data, output_shape):
     history = model.fit(input_data, targets, batch_size=output_shape[0], epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     after = [to_numpy(w) for w in model.trainable_weights]
-    assert any(not np.allclose(b, a) for b, a in zip(before, after)), "fit step changed nothing"
+    assert any(not np.allclose(b, a) for b, a in zip(before, after, strict=True)), (
+        "fit step changed nothing"
+    )
 
 
 def _run_precision_check(layer_cls, init_kwargs, input_data, call_kwargs, policy_name):

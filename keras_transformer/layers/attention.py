@@ -92,9 +92,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if key_dim <= 0:
             raise ValueError(f"key_dim must be positive. Received: key_dim={key_dim}")
         if value_dim is not None and value_dim <= 0:
-            raise ValueError(
-                f"value_dim must be positive or None. Received: value_dim={value_dim}"
-            )
+            raise ValueError(f"value_dim must be positive or None. Received: value_dim={value_dim}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
         self.num_heads = num_heads
@@ -219,9 +217,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # float16 logits overflow past 65504; bfloat16 has float32's range.
             query_states = ops.cast(query_states, "float32")
             key_states = ops.cast(key_states, "float32")
-        query_states = query_states * ops.cast(
-            1.0 / math.sqrt(self.key_dim), query_states.dtype
-        )
+        query_states = query_states * ops.cast(1.0 / math.sqrt(self.key_dim), query_states.dtype)
         logits = ops.einsum("bthk,bshk->bhts", query_states, key_states)  # (B, H, T, S)
         # Softmax in float32 for stability under mixed precision.
         logits = ops.cast(logits, "float32")

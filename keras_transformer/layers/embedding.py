@@ -71,9 +71,7 @@ class TokenEmbedding(keras.layers.Layer):
         self.scale = scale
         self.pad_id = pad_id
         if embeddings_initializer is None:
-            embeddings_initializer = keras.initializers.RandomNormal(
-                stddev=embedding_dim**-0.5
-            )
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=embedding_dim**-0.5)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = pad_id is not None
 
@@ -116,9 +114,7 @@ class TokenEmbedding(keras.layers.Layer):
                 "embedding_dim": self.embedding_dim,
                 "scale": self.scale,
                 "pad_id": self.pad_id,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             }
         )
         return config

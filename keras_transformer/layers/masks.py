@@ -14,9 +14,7 @@ def causal_mask(query_length, key_length, start_index=0):
     `start_index` is the absolute position of the first query; it is non-zero
     when a decoder attends a key/value cache one step at a time.
     """
-    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(
-        start_index, "int32"
-    )
+    query_positions = ops.arange(query_length, dtype="int32") + ops.cast(start_index, "int32")
     key_positions = ops.arange(key_length, dtype="int32")
     return ops.expand_dims(query_positions, 1) >= ops.expand_dims(key_positions, 0)
 

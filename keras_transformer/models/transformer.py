@@ -16,9 +16,7 @@ def _split_inputs(inputs):
     if isinstance(inputs, dict):
         missing = [key for key in INPUT_KEYS if key not in inputs]
         if missing:
-            raise ValueError(
-                f"Transformer inputs need the keys {INPUT_KEYS}. Missing: {missing}"
-            )
+            raise ValueError(f"Transformer inputs need the keys {INPUT_KEYS}. Missing: {missing}")
         return inputs["source_ids"], inputs["target_input_ids"]
     if isinstance(inputs, (list, tuple)) and len(inputs) == 2:
         return tuple(inputs)
@@ -145,11 +143,15 @@ class Transformer(keras.Model):
             )
         )
         self.source_positions = PositionalEncoding(
-            learned=learned_positions, max_length=max_length, dtype=policy,
+            learned=learned_positions,
+            max_length=max_length,
+            dtype=policy,
             name="source_positions",
         )
         self.target_positions = PositionalEncoding(
-            learned=learned_positions, max_length=max_length, dtype=policy,
+            learned=learned_positions,
+            max_length=max_length,
+            dtype=policy,
             name="target_positions",
         )
         self.source_dropout = keras.layers.Dropout(dropout, dtype=policy, name="source_dropout")
@@ -186,9 +188,7 @@ class Transformer(keras.Model):
             An unbuilt `Transformer`.
         """
         if preset not in PRESETS:
-            raise ValueError(
-                f"Unknown preset {preset!r}. Known presets: {sorted(PRESETS)}"
-            )
+            raise ValueError(f"Unknown preset {preset!r}. Known presets: {sorted(PRESETS)}")
         return cls(vocabulary_size=vocabulary_size, **{**PRESETS[preset], **kwargs})
 
     def build(self, inputs_shape):
@@ -221,9 +221,7 @@ class Transformer(keras.Model):
         source_padding_mask = self.padding_mask(source_ids)
         states = self.source_positions(self.source_embedding(source_ids))  # (B, S, D)
         states = self.source_dropout(states, training=training)
-        encoder_outputs = self.encoder(
-            states, padding_mask=source_padding_mask, training=training
-        )
+        encoder_outputs = self.encoder(states, padding_mask=source_padding_mask, training=training)
         return encoder_outputs, source_padding_mask
 
     def _logits(self, states):
@@ -271,7 +269,8 @@ class Transformer(keras.Model):
         results = self.decoder(
             states,
             encoder_outputs,
-            decoder_padding_mask=None if self_attention_cache is not None
+            decoder_padding_mask=None
+            if self_attention_cache is not None
             else self.padding_mask(target_ids),
             encoder_padding_mask=source_padding_mask,
             self_attention_cache=self_attention_cache,

@@ -47,8 +47,11 @@ def test_stack_basics(data):
 def test_matches_keras_hub_decoder(data, normalize_first):
     target, source, encoder_padding_mask = data
     ours = DecoderLayer(
-        num_heads=H, intermediate_dim=16, layer_norm_epsilon=1e-5,
-        normalize_first=normalize_first, bias_initializer="random_normal",
+        num_heads=H,
+        intermediate_dim=16,
+        layer_norm_epsilon=1e-5,
+        normalize_first=normalize_first,
+        bias_initializer="random_normal",
     )
     reference = keras_hub.layers.TransformerDecoder(
         intermediate_dim=16, num_heads=H, normalize_first=normalize_first
@@ -125,9 +128,7 @@ def test_keras_masks_equal_explicit_masks():
     decoder = Decoder(num_layers=L, num_heads=H, intermediate_dim=16)
     target_in = keras.Input((4,), dtype="int32")
     source_in = keras.Input((5,), dtype="int32")
-    model = keras.Model(
-        [target_in, source_in], decoder(embedding(target_in), embedding(source_in))
-    )
+    model = keras.Model([target_in, source_in], decoder(embedding(target_in), embedding(source_in)))
     implicit = to_numpy(model([target_ids, source_ids]))
     explicit = to_numpy(
         decoder(

@@ -64,7 +64,7 @@ def copy_weights_to_keras_hub(ours, reference):
         path = weight.path.split("/", 1)[1]
         for theirs, mine in KERAS_HUB_NAMES.items():
             if path.startswith(theirs):
-                path = mine + path[len(theirs):]
+                path = mine + path[len(theirs) :]
                 break
         weight.assign(by_path.pop(path))
     assert not by_path, f"weights left unmatched: {sorted(by_path)}"
@@ -73,8 +73,11 @@ def copy_weights_to_keras_hub(ours, reference):
 @pytest.mark.parametrize("normalize_first", [False, True])
 def test_matches_keras_hub_encoder(inputs, padding_mask, normalize_first):
     ours = EncoderLayer(
-        num_heads=2, intermediate_dim=16, layer_norm_epsilon=1e-5,
-        normalize_first=normalize_first, bias_initializer="random_normal",
+        num_heads=2,
+        intermediate_dim=16,
+        layer_norm_epsilon=1e-5,
+        normalize_first=normalize_first,
+        bias_initializer="random_normal",
     )
     reference = keras_hub.layers.TransformerEncoder(
         intermediate_dim=16, num_heads=2, normalize_first=normalize_first
@@ -91,7 +94,9 @@ def test_post_norm_output_is_normalized(inputs):
     outputs = to_numpy(EncoderLayer(num_heads=2, intermediate_dim=16)(inputs))
     np.testing.assert_allclose(outputs.mean(-1), 0.0, atol=1e-5)
     np.testing.assert_allclose(outputs.std(-1), 1.0, atol=1e-3)
-    pre_norm = to_numpy(EncoderLayer(num_heads=2, intermediate_dim=16, normalize_first=True)(inputs))
+    pre_norm = to_numpy(
+        EncoderLayer(num_heads=2, intermediate_dim=16, normalize_first=True)(inputs)
+    )
     assert not np.allclose(pre_norm.std(-1), 1.0, atol=1e-2)
 
 

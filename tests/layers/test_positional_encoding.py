@@ -48,7 +48,9 @@ def test_rows_equal_the_paper_formula():
 def test_adds_to_inputs_and_works_for_any_length():
     inputs = np.random.default_rng(0).normal(size=(2, 700, 6)).astype("float32")
     outputs = to_numpy(PositionalEncoding()(inputs))
-    np.testing.assert_allclose(outputs - inputs, np.broadcast_to(paper_sinusoid(700, 6), inputs.shape), atol=1e-4)
+    np.testing.assert_allclose(
+        outputs - inputs, np.broadcast_to(paper_sinusoid(700, 6), inputs.shape), atol=1e-4
+    )
 
 
 def test_start_index_continues_the_sequence():

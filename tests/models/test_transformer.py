@@ -1,0 +1,151 @@
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import PRESETS, Transformer
+from tests.test_case import check_config_round_trip, run_model_saving_test, to_numpy
+
+V = 20
+SOURCE = np.array([[5, 6, 7, 8, 3, 0], [9, 4, 3, 0, 0, 0]], "int32")
+TARGET = np.array([[2, 5, 6, 7, 8], [2, 9, 4, 0, 0]], "int32")
+
+
+def tiny(**kwargs):
+    options = {"num_layers": 2, "hidden_dim": 8, "intermediate_dim": 16, "num_heads": 2}
+    return Transformer(vocabulary_size=V, **{**options, **kwargs})
+
+
+def test_logits_shape_and_dtype():
+    logits = tiny()((SOURCE, TARGET))
+    assert tuple(logits.shape) == (2, 5, V)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_logits_are_float32(policy):
+    model = tiny(dtype=policy)
+    logits = model((SOURCE, TARGET))
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in model.weights)
+
+
+def test_dict_inputs_equal_tuple_inputs():
+    model = tiny()
+    np.testing.assert_array_equal(
+        to_numpy(model((SOURCE, TARGET))),
+        to_numpy(model({"source_ids": SOURCE, "target_input_ids": TARGET})),
+    )
+    with pytest.raises(ValueError, match="target_input_ids"):
+        model({"source_ids": SOURCE})
+
+
+def test_one_matrix_for_source_target_and_output():
+    shared = tiny()
+    shared((SOURCE, TARGET))
+    embeddings = [w for w in shared.weights if "embeddings" in w.path]
+    assert len(embeddings) == 1
+    # Changing that one matrix moves the logits (it is the pre-softmax projection).
+    before = to_numpy(shared((SOURCE, TARGET)))
+    embeddings[0].assign(embeddings[0] * 2.0)
+    assert not np.allclose(to_numpy(shared((SOURCE, TARGET))), before)
+
+    separate = tiny(share_source_target_embeddings=False, tie_output_embeddings=False)
+    separate((SOURCE, TARGET))
+    assert len([w for w in separate.weights if "embeddings" in w.path]) == 2
+    assert separate.count_params() - shared.count_params() == V * 8 + (V * 8 + V)
+
+
+def test_separate_vocabularies():
+    model = tiny(target_vocabulary_size=30, share_source_target_embeddings=False)
+    assert tuple(model((SOURCE, TARGET)).shape) == (2, 5, 30)
+    with pytest.raises(ValueError, match="target_vocabulary_size=30"):
+        tiny(target_vocabulary_size=30)
+
+
+def test_padding_and_future_tokens_do_not_leak():
+    model = tiny()
+    real = TARGET != 0
+    logits = to_numpy(model((SOURCE, TARGET)))
+    target = TARGET.copy()
+    target[0, -1] = 11  # a future token for every earlier position of row 0
+    new_logits = to_numpy(model((SOURCE, target)))
+    np.testing.assert_allclose(new_logits[:, :-1], logits[:, :-1], atol=1e-5)
+    assert not np.allclose(new_logits[0, -1], logits[0, -1])
+    # More source and target padding changes no real position's logits.
+    longer = to_numpy(model((np.pad(SOURCE, ((0, 0), (0, 3))), np.pad(TARGET, ((0, 0), (0, 2))))))
+    np.testing.assert_allclose(longer[:, :5][real], logits[real], atol=1e-5)
+
+
+def test_cached_decode_equals_full_forward():
+    model = tiny()
+    full = to_numpy(model((SOURCE, TARGET)))
+    encoder_outputs, source_mask = model.encode(SOURCE)
+    self_cache = model.decoder.initial_cache(2, TARGET.shape[1])
+    cross_cache = model.decoder.compute_cross_attention_cache(encoder_outputs)
+    steps = []
+    for index in range(TARGET.shape[1]):
+        logits, self_cache = model.decode(
+            TARGET[:, index : index + 1],
+            encoder_outputs,
+            source_mask,
+            self_attention_cache=self_cache,
+            cache_update_index=index,
+            cross_attention_cache=cross_cache,
+        )
+        steps.append(to_numpy(logits))
+    # Padded target rows (0) are masked as queries in the full pass only.
+    real = TARGET != 0
+    np.testing.assert_allclose(np.concatenate(steps, axis=1)[real], full[real], atol=1e-5)
+
+
+def test_config_and_keras_file_round_trip(tmp_path):
+    model = tiny(learned_positions=True, max_length=16, normalize_first=True)
+    check_config_round_trip(model)
+    model((SOURCE, TARGET))
+    restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
+    assert restored.get_config() == model.get_config()
+
+
+def test_compiled_model_round_trips_with_loss_and_metric(tmp_path):
+    from keras_transformer import LabelSmoothedCrossEntropy, MaskedAccuracy, transformer_optimizer
+
+    model = tiny()
+    model.compile(
+        optimizer=transformer_optimizer(8, warmup_steps=10),
+        loss=LabelSmoothedCrossEntropy(),
+        metrics=[MaskedAccuracy()],
+    )
+    labels = np.array([[5, 6, 7, 8, 3], [9, 4, 3, 0, 0]])
+    model.fit((SOURCE, TARGET), labels, epochs=1, verbose=0)
+    restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
+    np.testing.assert_allclose(
+        restored.evaluate((SOURCE, TARGET), labels, verbose=0),
+        model.evaluate((SOURCE, TARGET), labels, verbose=0),
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.parametrize(
+    "preset, paper_millions, tolerance",
+    # Table 3 reports 65M and 213M; the base figure rounds the same model up by ~3%.
+    [("transformer_base", 65, 0.04), ("transformer_big", 213, 0.02)],
+)
+def test_parameter_counts_match_table_3(preset, paper_millions, tolerance):
+    model = Transformer.from_preset(preset, vocabulary_size=37000)
+    model.build(((None, None), (None, None)))
+    count = model.count_params()
+    d, ff, n = PRESETS[preset]["hidden_dim"], PRESETS[preset]["intermediate_dim"], 6
+    attention = 4 * (d * d + d)
+    feed_forward = d * ff + ff + ff * d + d
+    expected = (
+        37000 * d
+        + n * (attention + feed_forward + 4 * d)
+        + n * (2 * attention + feed_forward + 6 * d)
+    )
+    assert count == expected
+    assert abs(count / 1e6 - paper_millions) / paper_millions < tolerance
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ValueError, match="transformer_base"):
+        Transformer.from_preset("transformer_huge", vocabulary_size=10)

@@ -67,7 +67,7 @@ class MultiHeadAttention(keras.layers.Layer):
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
     >>> x = keras.random.normal((2, 5, 8))
-    >>> layer(x, x).shape
+    >>> tuple(layer(x, x).shape)
     (2, 5, 8)
 
     References:

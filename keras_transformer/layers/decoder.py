@@ -45,7 +45,7 @@ class DecoderLayer(TransformerBlock):
 
     Example:
     >>> layer = DecoderLayer(num_heads=2, intermediate_dim=16)
-    >>> layer(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(layer(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape)
     (2, 4, 8)
 
     References:
@@ -182,7 +182,7 @@ class Decoder(TransformerStack):
 
     Example:
     >>> decoder = Decoder(num_layers=2, num_heads=2, intermediate_dim=16)
-    >>> decoder(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(decoder(keras.ops.ones((2, 4, 8)), keras.ops.ones((2, 5, 8))).shape)
     (2, 4, 8)
 
     References:

@@ -36,7 +36,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     Example:
     >>> layer = TokenEmbedding(vocabulary_size=10, embedding_dim=4, pad_id=0)
-    >>> layer(keras.ops.array([[3, 1, 0]])).shape
+    >>> tuple(layer(keras.ops.array([[3, 1, 0]])).shape)
     (1, 3, 4)
 
     References:

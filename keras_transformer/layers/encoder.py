@@ -37,7 +37,7 @@ class EncoderLayer(TransformerBlock):
 
     Example:
     >>> layer = EncoderLayer(num_heads=2, intermediate_dim=16)
-    >>> layer(keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(layer(keras.ops.ones((2, 5, 8))).shape)
     (2, 5, 8)
 
     References:
@@ -108,7 +108,7 @@ class Encoder(TransformerStack):
 
     Example:
     >>> encoder = Encoder(num_layers=2, num_heads=2, intermediate_dim=16)
-    >>> encoder(keras.ops.ones((2, 5, 8))).shape
+    >>> tuple(encoder(keras.ops.ones((2, 5, 8))).shape)
     (2, 5, 8)
 
     References:

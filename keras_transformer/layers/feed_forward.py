@@ -25,7 +25,7 @@ class FeedForward(keras.layers.Layer):
         `(B, T, D)`.
 
     Example:
-    >>> FeedForward(intermediate_dim=16)(keras.ops.ones((2, 3, 4))).shape
+    >>> tuple(FeedForward(intermediate_dim=16)(keras.ops.ones((2, 3, 4))).shape)
     (2, 3, 4)
 
     References:

@@ -35,7 +35,7 @@ class PositionalEncoding(keras.layers.Layer):
 
     Example:
     >>> layer = PositionalEncoding()
-    >>> layer(keras.ops.zeros((1, 3, 4))).shape
+    >>> tuple(layer(keras.ops.zeros((1, 3, 4))).shape)
     (1, 3, 4)
 
     References:

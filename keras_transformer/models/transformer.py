@@ -75,7 +75,7 @@ class Transformer(keras.Model):
     >>> model = Transformer.from_preset("transformer_small", vocabulary_size=100)
     >>> source = keras.ops.array([[5, 6, 7, 3, 0]])
     >>> target = keras.ops.array([[2, 5, 6, 7]])
-    >>> model((source, target)).shape
+    >>> tuple(model((source, target)).shape)
     (1, 4, 100)
 
     References:

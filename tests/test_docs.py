@@ -1,0 +1,45 @@
+"""The docstring examples and the README's Python blocks run and show what they claim."""
+
+import doctest
+import importlib
+import pathlib
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import keras_transformer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODULES = sorted(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (ROOT / "keras_transformer").rglob("*.py")
+    if path.name != "__init__.py"
+)
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_docstring_examples(module_name):
+    module = importlib.import_module(module_name)
+    globs = {
+        "keras": keras,
+        **{n: getattr(keras_transformer, n) for n in keras_transformer.__all__},
+    }
+    result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+
+
+def test_readme_examples(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    tokens = keras.ops.convert_to_numpy(namespace["tokens"])
+    assert tokens.shape == (1, 4 + 50)
+    assert (tmp_path / "translator.keras").exists()
+    classifier = namespace["classifier"]
+    logits = classifier(np.array([[5, 6, 0, 0]]))
+    assert tuple(logits.shape) == (1, 2)

@@ -1,6 +1,7 @@
 """Shared checks every layer test runs (config, calls, a jit fit step, dtypes, saving)."""
 
 import os
+import tempfile
 
 import keras
 import numpy as np
@@ -56,6 +57,9 @@ def run_layer_test(
         expected_num_trainable_weights: int.
         call_kwargs: dict of non-tensor call arguments.
         run_training_check: run one jit-compiled fit step.
+
+    The layer is also saved inside a functional model to a `.keras` file and
+    reloaded with `safe_mode=True`; the outputs must be identical.
         run_precision_checks: repeat the calls under mixed precision.
     """
     call_kwargs = call_kwargs or {}
@@ -80,6 +84,9 @@ def run_layer_test(
         rtol=1e-5,
         atol=1e-5,
     )
+
+    with tempfile.TemporaryDirectory() as folder:
+        run_model_saving_test(model, input_data, folder)
 
     if run_training_check:
         _run_jit_fit_step(model, input_data, expected_output_shape)

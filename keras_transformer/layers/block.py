@@ -80,6 +80,12 @@ class TransformerBlock(keras.layers.Layer):
             **self._sublayer_kwargs(),
         )
 
+    def _make_residual(self, name, inputs_shape):
+        """The built LayerNorm and the Dropout that wrap sublayer `name`."""
+        norm = self._make_norm(f"{name}_norm")
+        norm.build(inputs_shape)
+        return norm, self._make_dropout(f"{name}_dropout")
+
     def _make_norm(self, name):
         return keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name

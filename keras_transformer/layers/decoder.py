@@ -56,19 +56,19 @@ class DecoderLayer(TransformerBlock):
         hidden_dim = inputs_shape[-1]
         self._self_attention = self._make_attention("self_attention", hidden_dim)
         self._self_attention.build(inputs_shape, inputs_shape)
-        self._self_attention_norm = self._make_norm("self_attention_norm")
-        self._self_attention_norm.build(inputs_shape)
-        self._self_attention_dropout = self._make_dropout("self_attention_dropout")
+        self._self_attention_norm, self._self_attention_dropout = self._make_residual(
+            "self_attention", inputs_shape
+        )
         self._cross_attention = self._make_attention("cross_attention", hidden_dim)
         self._cross_attention.build(inputs_shape, encoder_outputs_shape)
-        self._cross_attention_norm = self._make_norm("cross_attention_norm")
-        self._cross_attention_norm.build(inputs_shape)
-        self._cross_attention_dropout = self._make_dropout("cross_attention_dropout")
+        self._cross_attention_norm, self._cross_attention_dropout = self._make_residual(
+            "cross_attention", inputs_shape
+        )
         self._feed_forward = self._make_feed_forward("feed_forward")
         self._feed_forward.build(inputs_shape)
-        self._feed_forward_norm = self._make_norm("feed_forward_norm")
-        self._feed_forward_norm.build(inputs_shape)
-        self._feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+        self._feed_forward_norm, self._feed_forward_dropout = self._make_residual(
+            "feed_forward", inputs_shape
+        )
 
     def compute_cross_attention_cache(self, encoder_outputs):
         """Projects `(B, S, D)` encoder outputs once into a `(B, 2, S, H, K)` cache."""

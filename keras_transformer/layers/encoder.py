@@ -48,14 +48,14 @@ class EncoderLayer(TransformerBlock):
         hidden_dim = inputs_shape[-1]
         self._self_attention = self._make_attention("self_attention", hidden_dim)
         self._self_attention.build(inputs_shape, inputs_shape)
-        self._self_attention_norm = self._make_norm("self_attention_norm")
-        self._self_attention_norm.build(inputs_shape)
-        self._self_attention_dropout = self._make_dropout("self_attention_dropout")
+        self._self_attention_norm, self._self_attention_dropout = self._make_residual(
+            "self_attention", inputs_shape
+        )
         self._feed_forward = self._make_feed_forward("feed_forward")
         self._feed_forward.build(inputs_shape)
-        self._feed_forward_norm = self._make_norm("feed_forward_norm")
-        self._feed_forward_norm.build(inputs_shape)
-        self._feed_forward_dropout = self._make_dropout("feed_forward_dropout")
+        self._feed_forward_norm, self._feed_forward_dropout = self._make_residual(
+            "feed_forward", inputs_shape
+        )
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
         padding_mask = mask if padding_mask is None else padding_mask

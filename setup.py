@@ -22,6 +22,7 @@ setup(
         "keras-hub>=0.21,<1",
         "sacrebleu>=2.4,<3",
         "sentencepiece>=0.2,<0.3",
+        "babel>=2.14,<3",
     ],
     extras_require={
         "test": [

@@ -49,6 +49,23 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):
+        loss_sum, tokens = self.token_sums(y_true, y_pred)
+        return loss_sum / ops.maximum(tokens, 1.0)
+
+    def token_sums(self, y_true, y_pred):
+        """The summed loss and the number of real tokens, before dividing.
+
+        Distributed training and gradient accumulation divide sums gathered over
+        replicas and micro-batches by the total token count, which gives the
+        mean over every token of the global batch.
+
+        Args:
+            y_true: int `(B, T)` target ids.
+            y_pred: float `(B, T, V)` logits.
+
+        Returns:
+            `(loss_sum, tokens)`, float32 scalars.
+        """
         y_true = ops.cast(y_true, "int32")
         log_probs = ops.log_softmax(ops.cast(y_pred, "float32"), axis=-1)  # (B, T, V)
         target_log_probs = ops.take_along_axis(log_probs, ops.expand_dims(y_true, -1), axis=-1)[
@@ -62,7 +79,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         weights = ops.ones_like(losses)
         if self.pad_id is not None:
             weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
-        return ops.sum(losses * weights) / ops.maximum(ops.sum(weights), 1.0)
+        return ops.sum(losses * weights), ops.sum(weights)
 
     def get_config(self):
         config = super().get_config()

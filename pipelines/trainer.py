@@ -1,0 +1,262 @@
+"""Training under tf.distribute with token-exact losses and gradient accumulation.
+
+`keras.Model.fit` cannot do two things this product needs (TensorFlow 2.21,
+Keras 3.15): under MultiWorkerMirroredStrategy it fails before the first step,
+because it reduces a batch of ids across workers to build the model
+symbolically (keras-team/keras#20585); and the optimizer's
+`gradient_accumulation_steps` puts an all-reduce inside a `cond`, which
+MirroredStrategy rejects. `Trainer` owns the train function instead and keeps
+Keras callbacks (progress bar, checkpoints, BackupAndRestore, TensorBoard,
+TerminateOnNaN, EarlyStopping) driving it the way `fit` does.
+
+Each step sums the label-smoothed loss and the token count over every replica
+and micro-batch and divides once, so the update equals one step on the whole
+global batch: the same on one device, on N replicas, or over k accumulated
+micro-batches. Accumulation runs k-1 collective-free functions that add
+gradients to replica-local variables, then one function that all-reduces and
+applies: no collective ever sits inside a conditional.
+"""
+
+import math
+import time
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+
+def _correct_tokens(labels, logits, pad_id):
+    predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    real = tf.not_equal(labels, pad_id)
+    return tf.reduce_sum(tf.cast(tf.logical_and(real, tf.equal(predictions, labels)), tf.float32))
+
+
+class Trainer:
+    """Trains a `Transformer` on a tf.data dataset under a distribution strategy.
+
+    Create the model and the optimizer inside `strategy.scope()`, then hand
+    them to the trainer. The trainer compiles the model with the optimizer (so
+    checkpoints and callbacks find it) and trains by optimizer steps: `fit`
+    stops after `steps` updates in total, counting those restored by
+    `keras.callbacks.BackupAndRestore`, so a resumed run ends where an
+    uninterrupted one would.
+
+    Args:
+        model: a built `Transformer`.
+        optimizer: a Keras optimizer created under the strategy's scope.
+        strategy: `tf.distribute.Strategy` or None for the current one.
+        label_smoothing: float, section 5.4.
+        accumulation_steps: int, micro-batches per optimizer step.
+        jit_compile: bool, compile each step with XLA (one compilation per
+            distinct batch shape).
+
+    Example:
+    >>> import keras_transformer as kt
+    >>> model = kt.Transformer(50, num_layers=1, hidden_dim=8, intermediate_dim=16, num_heads=2)
+    >>> model.build(((None, None), (None, None)))
+    >>> trainer = Trainer(model, keras.optimizers.Adam(1e-3))
+    >>> source = tf.constant([[5, 6, 3]]); target = tf.constant([[2, 5, 6, 3]])
+    >>> data = tf.data.Dataset.from_tensors(((source, target[:, :-1]), target[:, 1:])).repeat()
+    >>> history = trainer.fit(data, steps=2, verbose=0)
+    >>> int(trainer.optimizer.iterations)
+    2
+    """
+
+    def __init__(
+        self,
+        model,
+        optimizer,
+        strategy=None,
+        label_smoothing=0.1,
+        accumulation_steps=1,
+        jit_compile=False,
+    ):
+        if accumulation_steps < 1:
+            raise ValueError(
+                "accumulation_steps must be >= 1. "
+                f"Received: accumulation_steps={accumulation_steps}"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.accumulation_steps = accumulation_steps
+        self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
+        with self.strategy.scope():
+            model.compile(optimizer=optimizer, loss=self.loss)
+            optimizer.build(model.trainable_variables)
+            self._accumulators = []
+            if accumulation_steps > 1:
+                self._accumulators = [
+                    tf.Variable(
+                        tf.zeros(variable.shape, variable.dtype),
+                        trainable=False,
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM,
+                    )
+                    for variable in model.trainable_variables
+                ]
+                self._accumulated = tf.Variable(
+                    tf.zeros((3,)),
+                    trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                )
+        compile_step = lambda fn: tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)  # noqa: E731
+        self._accumulate_function = tf.function(self._accumulate_on_iterator)
+        self._apply_function = tf.function(self._apply_on_iterator)
+        self._replica_gradients = compile_step(self._gradients)
+        self._evaluate_function = tf.function(self._sums, reduce_retracing=True)
+
+    # Replica functions ---------------------------------------------------
+
+    def _sums(self, batch, training=False):
+        (source_ids, target_input_ids), target_output_ids = batch
+        logits = self.model((source_ids, target_input_ids), training=training)  # (B, T, V)
+        loss_sum, tokens = self.loss.token_sums(target_output_ids, logits)
+        correct = _correct_tokens(tf.cast(target_output_ids, tf.int32), logits, self.model.pad_id)
+        return tf.stack([loss_sum, tokens, correct])  # (3,)
+
+    def _gradients(self, batch):
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            sums = self._sums(batch, training=True)
+            scaled = self.optimizer.scale_loss(sums[0])
+        return tape.gradient(scaled, variables), sums
+
+    def _accumulate_replica(self, batch):
+        gradients, sums = self._replica_gradients(batch)
+        for accumulator, gradient in zip(self._accumulators, gradients, strict=True):
+            accumulator.assign_add(gradient)
+        self._accumulated.assign_add(sums)
+
+    def _apply_replica(self, batch):
+        gradients, sums = self._replica_gradients(batch)
+        if self._accumulators:
+            gradients = [g + a for g, a in zip(gradients, self._accumulators, strict=True)]
+            sums = sums + self._accumulated
+        context = tf.distribute.get_replica_context()
+        totals = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)  # (3,) global sums
+        scale = 1.0 / tf.maximum(totals[1], 1.0)
+        gradients = [g * scale for g in gradients]
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
+        for accumulator in self._accumulators:
+            accumulator.assign(tf.zeros_like(accumulator))
+        if self._accumulators:
+            self._accumulated.assign(tf.zeros_like(self._accumulated))
+        return totals
+
+    # Cross-replica functions ---------------------------------------------
+
+    def _accumulate_on_iterator(self, iterator):
+        self.strategy.run(self._accumulate_replica, args=(next(iterator),))
+
+    def _apply_on_iterator(self, iterator):
+        totals = self.strategy.run(self._apply_replica, args=(next(iterator),))
+        # Every replica holds the same all-reduced totals.
+        return self.strategy.experimental_local_results(totals)[0]
+
+    def train_step(self, iterator):
+        """One optimizer step over `accumulation_steps` micro-batches.
+
+        Args:
+            iterator: iterator over a distributed dataset of
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+
+        Returns:
+            float32 `(3,)`: summed loss, real tokens and correct tokens of the
+            global batch.
+        """
+        for _ in range(self.accumulation_steps - 1):
+            self._accumulate_function(iterator)
+        return self._apply_function(iterator)
+
+    def evaluate(self, dataset, steps=None):
+        """Token-level loss and accuracy on a finite dataset, on this worker alone.
+
+        Returns:
+            dict with `loss` (label-smoothed, per token), `accuracy`, `tokens`.
+        """
+        sums = tf.zeros((3,))
+        for batch in dataset.take(steps or -1):
+            sums += self._evaluate_function(batch)
+        loss_sum, tokens, correct = (float(x) for x in sums)
+        return {
+            "loss": loss_sum / max(tokens, 1.0),
+            "accuracy": correct / max(tokens, 1.0),
+            "tokens": tokens,
+        }
+
+    def _learning_rate(self):
+        return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+
+    def fit(
+        self,
+        dataset,
+        steps,
+        steps_per_epoch=None,
+        callbacks=None,
+        validation_data=None,
+        validation_steps=None,
+        verbose="auto",
+    ):
+        """Trains until the optimizer has taken `steps` steps in total.
+
+        Args:
+            dataset: `tf.data.Dataset` of batches as in `train_step`, repeated
+                (it is read `steps * accumulation_steps` times at most).
+            steps: int, total optimizer steps, restored ones included.
+            steps_per_epoch: int, steps between epoch-end callbacks (validation,
+                checkpoints). Defaults to `steps`.
+            callbacks: list of `keras.callbacks.Callback`.
+            validation_data: finite `tf.data.Dataset`, evaluated each epoch
+                into `val_loss` and `val_accuracy`.
+            validation_steps: int or None, batches of `validation_data` used.
+            verbose: 0, 1, 2 or "auto" as in `model.fit`.
+
+        Returns:
+            `keras.callbacks.History` of per-epoch logs: `loss`, `accuracy`,
+            `learning_rate`, `tokens_per_second`, `val_*`.
+        """
+        steps_per_epoch = steps_per_epoch or steps
+        epochs = math.ceil(steps / steps_per_epoch)
+        callbacks = keras.callbacks.CallbackList(
+            callbacks,
+            add_history=True,
+            add_progbar=verbose != 0,
+            verbose=1 if verbose == "auto" else verbose,
+            epochs=epochs,
+            steps=steps_per_epoch,
+            model=self.model,
+        )
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        self.model.stop_training = False
+        callbacks.on_train_begin()
+        step = int(self.optimizer.iterations.numpy())  # > 0 after BackupAndRestore
+        logs = {}
+        for epoch in range(step // steps_per_epoch, epochs):
+            callbacks.on_epoch_begin(epoch)
+            sums, started = [0.0, 0.0, 0.0], time.perf_counter()
+            last = min(steps_per_epoch, steps - epoch * steps_per_epoch)
+            for batch in range(step - epoch * steps_per_epoch, last):
+                callbacks.on_train_batch_begin(batch)
+                totals = self.train_step(iterator).numpy()
+                sums = [a + float(b) for a, b in zip(sums, totals, strict=True)]
+                step += 1
+                logs = {
+                    "loss": sums[0] / max(sums[1], 1.0),
+                    "accuracy": sums[2] / max(sums[1], 1.0),
+                    "learning_rate": self._learning_rate(),
+                    "tokens_per_second": sums[1] / (time.perf_counter() - started),
+                }
+                callbacks.on_train_batch_end(batch, logs)
+                if self.model.stop_training:
+                    break
+            if validation_data is not None:
+                val_logs = self.evaluate(validation_data, validation_steps)
+                logs.update({f"val_{k}": v for k, v in val_logs.items() if k != "tokens"})
+            callbacks.on_epoch_end(epoch, logs)
+            if self.model.stop_training:
+                break
+        callbacks.on_train_end(logs)
+        return self.model.history

@@ -23,6 +23,7 @@ setup(
         "sacrebleu>=2.4,<3",
         "sentencepiece>=0.2,<0.3",
         "babel>=2.14,<3",
+        "tensorboard>=2.20",
     ],
     extras_require={
         "test": [

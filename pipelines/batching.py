@@ -189,17 +189,43 @@ def make_dataset(
         sources = [source for source, _ in pairs]
         targets = [target for _, target in pairs]
         dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
-    dataset = dataset.apply(tokenize_pairs(tokenizer)).apply(filter_by_length(max_length))
+    examples = dataset.apply(tokenize_pairs(tokenizer)).apply(filter_by_length(max_length))
+    return batch_examples(
+        examples, batch_tokens, max_length, shuffle, repeat, seed, shuffle_buffer, cache
+    )
+
+
+def batch_examples(
+    examples,
+    batch_tokens=4096,
+    max_length=128,
+    shuffle=True,
+    repeat=False,
+    seed=0,
+    shuffle_buffer=100_000,
+    cache=True,
+):
+    """The batching half of `make_dataset`, for already tokenized examples.
+
+    Args:
+        examples: `tf.data.Dataset` of dicts of int32 `source` and `target`
+            vectors, as `tokenize_pairs` writes them (for example read back
+            with `tf.data.Dataset.load`).
+        (others): as in `make_dataset`.
+
+    Returns:
+        `tf.data.Dataset` as in `make_dataset`.
+    """
     if cache:
-        dataset = dataset.cache()
+        examples = examples.cache()
     if shuffle:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
-        dataset = dataset.repeat()
-    dataset = dataset.apply(bucket_by_token_budget(batch_tokens, max_length))
+        examples = examples.repeat()
+    batches = examples.apply(bucket_by_token_budget(batch_tokens, max_length))
     if shuffle:
-        dataset = dataset.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
-    return dataset.apply(to_model_inputs()).prefetch(AUTOTUNE)
+        batches = batches.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
+    return batches.apply(to_model_inputs()).prefetch(AUTOTUNE)
 
 
 def padding_efficiency(dataset, max_batches=None):

@@ -203,8 +203,11 @@ class Trainer:
         """Trains until the optimizer has taken `steps` steps in total.
 
         Args:
-            dataset: `tf.data.Dataset` of batches as in `train_step`, repeated
-                (it is read `steps * accumulation_steps` times at most).
+            dataset: `tf.data.Dataset` of global batches as in `train_step`,
+                repeated (it is read `steps * accumulation_steps` times at
+                most), split across replicas; or a function of a
+                `tf.distribute.InputContext` returning each replica's dataset
+                (`strategy.distribute_datasets_from_function`).
             steps: int, total optimizer steps, restored ones included.
             steps_per_epoch: int, steps between epoch-end callbacks (validation,
                 checkpoints). Defaults to `steps`.
@@ -229,7 +232,11 @@ class Trainer:
             steps=steps_per_epoch,
             model=self.model,
         )
-        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        if callable(dataset):
+            distributed = self.strategy.distribute_datasets_from_function(dataset)
+        else:
+            distributed = self.strategy.experimental_distribute_dataset(dataset)
+        iterator = iter(distributed)
         self.model.stop_training = False
         callbacks.on_train_begin()
         step = int(self.optimizer.iterations.numpy())  # > 0 after BackupAndRestore

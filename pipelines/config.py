@@ -1,0 +1,200 @@
+"""Training configuration: named recipes, a JSON config file, and flags.
+
+The model's hyperparameters (`model`, passed to `Transformer.from_preset`) stay
+apart from the run settings (data, tokenizer, batching, schedule, outputs).
+Later sources override earlier ones: recipe, then config file, then flags.
+"""
+
+import dataclasses
+import json
+import os
+
+from keras_transformer.models.presets import PRESETS
+
+CORPORA = ("default", "multi30k", "files", "tfds")
+
+
+class ConfigError(ValueError):
+    """A configuration that names something unknown or inconsistent."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything one training run needs. See `RECIPES` for worked examples."""
+
+    # Data.
+    corpus: str = "default"
+    multi30k_dir: str | None = None
+    source_language: str = "en"
+    target_language: str = "de"
+    train_files: list | None = None  # [source, target]
+    validation_files: list | None = None  # [source, target]
+    tfds_name: str | None = None
+    tfds_data_dir: str | None = None
+    tfds_train_split: str = "train"
+    tfds_validation_split: str = "validation"
+    target_locale: str = "de"
+    default_corpus_sizes: list = dataclasses.field(default_factory=lambda: [20000, 500, 500])
+    # Tokenizer and batching.
+    vocabulary_size: int = 8000
+    batch_tokens: int = 4096
+    max_length: int = 128
+    # Model: a preset plus overrides of its arguments.
+    preset: str = "transformer_small"
+    model: dict = dataclasses.field(default_factory=dict)
+    # Optimization.
+    steps: int = 10000
+    steps_per_epoch: int = 1000
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0
+    label_smoothing: float = 0.1
+    accumulation_steps: int = 1
+    mixed_precision: str | None = None  # "mixed_bfloat16" or "mixed_float16"
+    xla: bool = False
+    # Outputs.
+    output_dir: str = "runs/default"
+    backup_every: int = 100
+    early_stopping_patience: int | None = None
+    average_last: int = 1
+    seed: int = 0
+
+    def validate(self):
+        """Raises `ConfigError` naming the first bad setting."""
+        if self.corpus not in CORPORA:
+            raise ConfigError(f"Unknown corpus {self.corpus!r}; expected one of {list(CORPORA)}")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"Unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
+        if self.corpus == "multi30k" and not self.multi30k_dir:
+            raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
+        if self.corpus == "files" and not self.train_files:
+            raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
+        if self.corpus == "tfds" and not self.tfds_name:
+            raise ConfigError("corpus 'tfds' needs tfds_name (--tfds NAME)")
+        for name in (
+            "steps",
+            "steps_per_epoch",
+            "batch_tokens",
+            "max_length",
+            "accumulation_steps",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"{name} must be positive. Received: {name}={getattr(self, name)}"
+                )
+        if self.batch_tokens < self.max_length:
+            raise ConfigError(
+                f"batch_tokens ({self.batch_tokens}) must be at least "
+                f"max_length ({self.max_length})"
+            )
+        return self
+
+    def model_arguments(self, vocabulary_size):
+        """Arguments for `Transformer.from_preset(self.preset, **arguments)`."""
+        return {"vocabulary_size": vocabulary_size, **self.model}
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+RECIPES = {
+    # Trains with no arguments on the embedded CLDR corpus in minutes on a CPU.
+    "default": {
+        "corpus": "default",
+        "vocabulary_size": 500,
+        "batch_tokens": 2048,
+        "max_length": 64,
+        "model": {
+            "num_layers": 2,
+            "hidden_dim": 128,
+            "intermediate_dim": 512,
+            "num_heads": 4,
+            "dropout": 0.1,
+        },
+        "steps": 1500,
+        "steps_per_epoch": 250,
+        "warmup_steps": 400,
+        "learning_rate_scale": 2.0,
+        "output_dir": "runs/default",
+    },
+    # Multi30k task 1 (29,000 pairs) sized for a 2-core CPU.
+    "multi30k": {
+        "corpus": "multi30k",
+        "vocabulary_size": 8000,
+        "batch_tokens": 4096,
+        "max_length": 100,
+        "model": {
+            "num_layers": 3,
+            "hidden_dim": 256,
+            "intermediate_dim": 1024,
+            "num_heads": 4,
+            "dropout": 0.3,
+        },
+        "steps": 6000,
+        "steps_per_epoch": 500,
+        "warmup_steps": 1000,
+        "output_dir": "runs/multi30k",
+        "average_last": 5,
+    },
+    # The paper's base and big models (section 5, Table 3), 25,000-token batches.
+    "base": {
+        "preset": "transformer_base",
+        "vocabulary_size": 37000,
+        "batch_tokens": 25000,
+        "max_length": 256,
+        "steps": 100000,
+        "steps_per_epoch": 1000,
+        "warmup_steps": 4000,
+        "average_last": 5,
+        "output_dir": "runs/base",
+    },
+    "big": {
+        "preset": "transformer_big",
+        "vocabulary_size": 37000,
+        "batch_tokens": 25000,
+        "max_length": 256,
+        "steps": 300000,
+        "steps_per_epoch": 1000,
+        "warmup_steps": 4000,
+        "average_last": 20,
+        "output_dir": "runs/big",
+    },
+}
+
+
+def _merge(config, values, origin):
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"Unknown setting {key!r} in {origin}")
+        if key == "model":
+            value = {**config.model, **value}
+        setattr(config, key, value)
+    return config
+
+
+def load_config(recipe="default", config_file=None, overrides=None):
+    """Builds a `TrainConfig` from a recipe, a JSON file and flag overrides.
+
+    Args:
+        recipe: str, a name in `RECIPES`.
+        config_file: str or None, a JSON object of `TrainConfig` fields.
+        overrides: dict or None, fields set last (from flags); None values are
+            ignored.
+
+    Returns:
+        a validated `TrainConfig`.
+    """
+    if recipe not in RECIPES:
+        raise ConfigError(f"Unknown recipe {recipe!r}; expected one of {sorted(RECIPES)}")
+    config = _merge(TrainConfig(), RECIPES[recipe], f"recipe {recipe!r}")
+    if config_file:
+        if not os.path.exists(config_file):
+            raise ConfigError(f"Config file not found: {config_file}")
+        try:
+            with open(config_file, encoding="utf-8") as handle:
+                values = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
+        config = _merge(config, values, config_file)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return _merge(config, overrides, "flags").validate()

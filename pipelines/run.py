@@ -1,0 +1,227 @@
+"""One training run from a `TrainConfig`: data, vocabulary, model, fit, save."""
+
+import glob
+import json
+import logging
+import os
+
+import keras
+import tensorflow as tf
+
+import keras_transformer as kt
+from pipelines import batching, corpus, default_corpus, tokenizer
+from pipelines.average import average_checkpoints
+from pipelines.config import ConfigError
+from pipelines.evaluation import bleu, translate
+from pipelines.trainer import Trainer
+
+logger = logging.getLogger("pipelines.train")
+
+
+def make_strategy():
+    """MultiWorkerMirroredStrategy when TF_CONFIG lists several workers, else Mirrored.
+
+    Returns:
+        `(strategy, worker_index)`; worker 0 is the chief that writes outputs.
+    """
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    if sum(len(tasks) for tasks in cluster.values()) > 1:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy, strategy.cluster_resolver.task_id
+    return tf.distribute.MirroredStrategy(), 0
+
+
+def load_pairs(config):
+    """Train and validation data for the configured corpus.
+
+    Returns:
+        `(train, validation, test)`: lists of str pairs or tf.data datasets;
+        `test` is None where the corpus has no test split.
+    """
+    if config.corpus == "default":
+        splits = default_corpus.default_corpus(
+            config.default_corpus_sizes, config.target_locale, config.seed
+        )
+        return splits["train"], splits["validation"], splits["test"]
+    if config.corpus == "multi30k":
+        load = lambda split: corpus.load_multi30k(  # noqa: E731
+            config.multi30k_dir, split, config.source_language, config.target_language
+        )
+        return load("train"), load("validation"), load("test")
+    if config.corpus == "files":
+        validation = config.validation_files
+        return (
+            corpus.read_parallel_files(*config.train_files),
+            corpus.read_parallel_files(*validation) if validation else None,
+            None,
+        )
+    load = lambda split: corpus.load_tfds(config.tfds_name, split, config.tfds_data_dir)  # noqa: E731
+    return load(config.tfds_train_split), load(config.tfds_validation_split), None
+
+
+def _sentences(pairs, limit=1_000_000):
+    if isinstance(pairs, tf.data.Dataset):
+        pairs = ((s.decode(), t.decode()) for s, t in pairs.take(limit).as_numpy_iterator())
+    for source, target in pairs:
+        yield source
+        yield target
+
+
+def _callbacks(config, out_dir, is_chief):
+    callbacks = [
+        keras.callbacks.BackupAndRestore(
+            os.path.join(out_dir, "backup"), save_freq=config.backup_every
+        ),
+        keras.callbacks.TerminateOnNaN(),
+    ]
+    if is_chief:
+        callbacks += [
+            keras.callbacks.ModelCheckpoint(
+                os.path.join(out_dir, "checkpoints", "epoch-{epoch:03d}.keras")
+            ),
+            keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
+        ]
+    if config.early_stopping_patience:
+        callbacks.append(
+            keras.callbacks.EarlyStopping(
+                "val_loss", patience=config.early_stopping_patience, restore_best_weights=True
+            )
+        )
+    return callbacks
+
+
+def _tokenized(config, pairs, tok, path):
+    """Pairs tokenized in-graph once and saved under `path` (read back on resume).
+
+    Training and validation read these ids back with `tf.data.Dataset.load`:
+    a tensorflow-text tokenizer's resource is not visible to the per-device
+    iterators of a distribution strategy, so no tokenizer runs inside them.
+    """
+    if not os.path.exists(os.path.join(path, "dataset_spec.pb")):
+        if not isinstance(pairs, tf.data.Dataset):
+            pairs = tf.data.Dataset.from_tensor_slices(
+                ([s for s, _ in pairs], [t for _, t in pairs])
+            )
+        examples = pairs.apply(batching.tokenize_pairs(tok))
+        examples.apply(batching.filter_by_length(config.max_length)).save(path)
+    return tf.data.Dataset.load(path)
+
+
+def _train_dataset_fn(config, examples):
+    """A function for `strategy.distribute_datasets_from_function`.
+
+    Each input pipeline reads its own shard of the tokenized examples, and each
+    replica's batches hold `batch_tokens / replicas` tokens, so a global batch
+    holds about `batch_tokens`.
+    """
+
+    def dataset_fn(context):
+        shard = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
+        budget = max(config.batch_tokens // context.num_replicas_in_sync, config.max_length)
+        return batching.batch_examples(
+            shard, budget, config.max_length, shuffle=True, repeat=True, seed=config.seed
+        )
+
+    return dataset_fn
+
+
+def run_training(config):
+    """Trains as configured; writes the outputs listed in `pipelines.train`.
+
+    Returns:
+        dict of results: steps, final losses, validation BLEU, paths.
+    """
+    if keras.backend.backend() != "tensorflow":
+        raise ConfigError(f"pipelines need KERAS_BACKEND=tensorflow, not {keras.backend.backend()}")
+    strategy, worker = make_strategy()
+    out_dir = (
+        config.output_dir
+        if worker == 0
+        else os.path.join(config.output_dir, "workers", f"worker-{worker}")
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
+        handle.write(config.to_json())
+
+    train_pairs, validation_pairs, test_pairs = load_pairs(config)
+    spm_path = os.path.join(out_dir, "sentencepiece.model")
+    if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
+        logger.info("Training a %d-piece SentencePiece vocabulary", config.vocabulary_size)
+        tokenizer.train_sentencepiece(
+            _sentences(train_pairs), spm_path, config.vocabulary_size, seed=config.seed
+        )
+    tok = tokenizer.load_tokenizer(spm_path)
+    data_dir = os.path.join(out_dir, "data")
+    train_data = _train_dataset_fn(
+        config, _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"))
+    )
+    validation_data = None
+    if validation_pairs is not None:
+        validation = _tokenized(config, validation_pairs, tok, os.path.join(data_dir, "validation"))
+        validation_data = batching.batch_examples(
+            validation, config.batch_tokens, config.max_length, shuffle=False
+        )
+
+    if config.mixed_precision:
+        keras.mixed_precision.set_dtype_policy(config.mixed_precision)
+    keras.utils.set_random_seed(config.seed)
+    with strategy.scope():
+        model = kt.Transformer.from_preset(
+            config.preset, **config.model_arguments(tokenizer.vocabulary_size(spm_path))
+        )
+        model.build(((None, None), (None, None)))
+        optimizer = kt.transformer_optimizer(
+            model.hidden_dim, config.warmup_steps, config.learning_rate_scale
+        )
+        if config.mixed_precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    logger.info("Model: %s parameters", f"{model.count_params():,}")
+    trainer = Trainer(
+        model,
+        optimizer,
+        strategy,
+        label_smoothing=config.label_smoothing,
+        accumulation_steps=config.accumulation_steps,
+        jit_compile=config.xla,
+    )
+    history = trainer.fit(
+        train_data,
+        steps=config.steps,
+        steps_per_epoch=config.steps_per_epoch,
+        callbacks=_callbacks(config, out_dir, worker == 0),
+        validation_data=validation_data,
+        verbose=1 if worker == 0 else 0,
+    )
+    return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs)
+
+
+def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs):
+    model = trainer.model
+    tok = tokenizer.load_tokenizer(os.path.join(out_dir, "sentencepiece.model"))
+    checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
+    model_path = os.path.join(out_dir, "model.keras")
+    if config.average_last > 1 and len(checkpoints) > 1:
+        chosen = checkpoints[-config.average_last :]
+        logger.info("Averaging %d checkpoints", len(chosen))
+        model = average_checkpoints(chosen, model_path)
+    else:
+        model.save(model_path)
+    result = {
+        "steps": int(trainer.optimizer.iterations.numpy()),
+        "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},
+        "model": model_path,
+        "sentencepiece_model": os.path.join(out_dir, "sentencepiece.model"),
+    }
+    evaluation = test_pairs if test_pairs is not None else validation_pairs
+    if isinstance(evaluation, list) and evaluation:
+        sources = [s for s, _ in evaluation]
+        hypotheses = translate(model, tok, sources, max_length=config.max_length)
+        score, signature = bleu(hypotheses, [t for _, t in evaluation])
+        result.update({"greedy_bleu": round(score, 2), "bleu_signature": signature})
+        result["examples"] = [
+            {"source": s, "translation": h, "reference": t}
+            for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]
+        ]
+    with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2, ensure_ascii=False)
+    return result

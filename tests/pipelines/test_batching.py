@@ -1,0 +1,99 @@
+import collections
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from pipelines.batching import bucket_bounds, make_dataset, padding_efficiency
+from pipelines.corpus import load_multi30k
+from pipelines.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, train_sentencepiece
+
+
+def rows(batch_ids):
+    """Rows of a padded batch without their padding, as tuples."""
+    return [tuple(int(i) for i in row if i != PAD_ID) for row in batch_ids]
+
+
+def check_epoch(dataset, pairs, processor, batch_tokens, max_length):
+    expected = collections.Counter()
+    for source, target in pairs:
+        s, t = processor.encode(source) + [EOS_ID], [BOS_ID] + processor.encode(target) + [EOS_ID]
+        if len(s) <= max_length and len(t) - 1 <= max_length:
+            expected[(tuple(s), tuple(t))] += 1
+    seen = collections.Counter()
+    for (source, target_input), target_output in dataset:
+        source, target_input, target_output = (
+            x.numpy() for x in (source, target_input, target_output)
+        )
+        assert source.size <= batch_tokens and target_input.size <= batch_tokens
+        assert target_input.shape == target_output.shape
+        # target_input is [BOS] + target; target_output is target + [EOS].
+        np.testing.assert_array_equal(target_input[:, 1:], target_output[:, :-1])
+        assert np.all(target_input[:, 0] == BOS_ID)
+        for s, to in zip(rows(source), rows(target_output), strict=True):
+            assert to[-1] == EOS_ID
+            seen[(s, (BOS_ID,) + to)] += 1
+    return expected, seen
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory, request):
+    folder = request.getfixturevalue("multi30k_dir")
+    pairs = load_multi30k(folder, "train")
+    path = str(tmp_path_factory.mktemp("spm") / "m30k.model")
+    train_sentencepiece([s for pair in pairs for s in pair], path, vocabulary_size=8000)
+    return pairs, path
+
+
+@pytest.fixture(scope="module")
+def multi30k_dir():
+    from tests.pipelines.conftest import MULTI30K
+
+    return MULTI30K
+
+
+def test_bucket_bounds():
+    bounds = bucket_bounds(100)
+    assert bounds[0] == 8 and bounds[-1] == 100
+    assert all(b > a for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(b <= max(a + 1, int(a * 1.1)) for a, b in zip(bounds, bounds[1:], strict=False))
+
+
+def test_multi30k_epoch_is_exact_within_budget_and_dense(multi30k):
+    pairs, path = multi30k
+    batch_tokens, max_length = 4096, 64
+    dataset = make_dataset(
+        pairs, load_tokenizer(path), batch_tokens, max_length, shuffle=True, seed=1
+    )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    expected, seen = check_epoch(dataset, pairs, processor, batch_tokens, max_length)
+    assert seen == expected  # every kept example exactly once
+    assert sum(expected.values()) > 28900  # the length filter drops only outliers
+    stats = padding_efficiency(dataset)
+    print("Multi30k padding efficiency", stats)
+    assert stats["efficiency"] > 0.85
+    assert stats["max_batch_tokens"] <= batch_tokens
+
+
+def test_filter_and_small_budgets(tmp_path):
+    pairs = [("a " * n, "b " * m) for n in range(1, 30) for m in range(1, 30, 3)]
+    path = train_sentencepiece(
+        [s for pair in pairs for s in pair], str(tmp_path / "s.model"), vocabulary_size=8
+    )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    for batch_tokens in (20, 64):
+        dataset = make_dataset(pairs, load_tokenizer(path), batch_tokens, max_length=20)
+        expected, seen = check_epoch(dataset, pairs, processor, batch_tokens, 20)
+        assert seen == expected and 0 < sum(expected.values()) < len(pairs)
+    with pytest.raises(ValueError, match="batch_tokens must be at least max_length"):
+        make_dataset(pairs, load_tokenizer(path), batch_tokens=10, max_length=20)
+
+
+def test_repeated_training_data_fills_batches(multi30k):
+    pairs, path = multi30k
+    dataset = make_dataset(pairs[:5000], load_tokenizer(path), 2048, 64, repeat=True)
+    stats = padding_efficiency(dataset, max_batches=100)
+    fill = stats["padded_tokens"] / 2 / stats["batches"] / 2048
+    assert fill > 0.8, stats
+    assert isinstance(dataset, tf.data.Dataset)

@@ -1,0 +1,52 @@
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from pipelines.corpus import DataError
+from pipelines.default_corpus import generate_pairs
+from pipelines.tokenizer import load_tokenizer, train_sentencepiece, vocabulary_size
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    pairs = generate_pairs(3000, seed=0)
+    path = str(tmp_path_factory.mktemp("spm") / "sp.model")
+    return train_sentencepiece([s for pair in pairs for s in pair], path, vocabulary_size=300)
+
+
+def test_special_ids_match_the_model_defaults(model_path):
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+    assert [processor.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert vocabulary_size(model_path) == 300
+
+
+def test_in_graph_tokenizer_equals_sentencepiece(model_path):
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+    sentences = ["Monday, March 4, 2024", "€1,234.50", "17. März 1999, 14:07", "ünïcödé ✓"]
+    tokenizer = load_tokenizer(model_path)
+    ids = tokenizer.tokenize(tf.constant(sentences)).to_list()
+    assert ids == processor.encode(sentences)
+    # Digits are pieces of their own.
+    assert all(len(processor.id_to_piece(i).strip("▁")) <= 1 for i in processor.encode("2024"))
+    back = tokenizer.detokenize(tf.ragged.constant(ids)).numpy()
+    assert [b.decode() for b in back[:3]] == sentences[:3]
+
+
+def test_training_is_deterministic(model_path, tmp_path):
+    pairs = generate_pairs(3000, seed=0)
+    again = train_sentencepiece(
+        [s for pair in pairs for s in pair], str(tmp_path / "again.model"), vocabulary_size=300
+    )
+    first = spm.SentencePieceProcessor(model_file=model_path)
+    second = spm.SentencePieceProcessor(model_file=again)
+    pieces = lambda p: [p.id_to_piece(i) for i in range(p.get_piece_size())]  # noqa: E731
+    assert pieces(first) == pieces(second)
+
+
+def test_errors(tmp_path):
+    with pytest.raises(DataError, match="empty corpus"):
+        train_sentencepiece(["", ""], str(tmp_path / "x.model"))
+    with pytest.raises(DataError, match="Vocabulary size too high"):
+        train_sentencepiece(["a b c"] * 10, str(tmp_path / "x.model"), vocabulary_size=5000)
+    with pytest.raises(DataError, match="not found"):
+        load_tokenizer(str(tmp_path / "missing.model"))

@@ -67,10 +67,52 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
+def _readable(path, check):
+    try:
+        check(path)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _repair_backup(backup_dir):
+    """Drops backup files a kill left half-written, so BackupAndRestore can load.
+
+    With `double_checkpoint=True` the previous backup survives as `*.bkp`; a
+    half-written latest file is replaced by it. Without any complete backup the
+    run starts from scratch (and says so).
+    """
+    import h5py
+
+    weights = os.path.join(backup_dir, "latest.weights.h5")
+    metadata = os.path.join(backup_dir, "training_metadata.json")
+    checks = [(weights, lambda p: h5py.File(p, "r").close()), (metadata, _load_json)]
+    for path, check in checks:
+        if not os.path.exists(path) or _readable(path, check):
+            continue
+        previous = path + ".bkp"
+        if os.path.exists(previous) and _readable(previous, check):
+            logger.warning("%s is incomplete; using the previous backup", path)
+            os.replace(previous, path)
+        else:
+            logger.warning("%s is incomplete and has no previous copy; starting anew", path)
+            for name in os.listdir(backup_dir):
+                os.remove(os.path.join(backup_dir, name))
+            return
+
+
+def _load_json(path):
+    with open(path, encoding="utf-8") as handle:
+        json.load(handle)
+
+
 def _callbacks(config, out_dir, is_chief):
+    backup_dir = os.path.join(out_dir, "backup")
+    if os.path.isdir(backup_dir):
+        _repair_backup(backup_dir)
     callbacks = [
         keras.callbacks.BackupAndRestore(
-            os.path.join(out_dir, "backup"), save_freq=config.backup_every
+            backup_dir, save_freq=config.backup_every, double_checkpoint=True
         ),
         keras.callbacks.TerminateOnNaN(),
     ]
@@ -208,6 +250,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs):
         model.save(model_path)
     result = {
         "steps": int(trainer.optimizer.iterations.numpy()),
+        "resumed_at_step": trainer.initial_step,
         "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},
         "model": model_path,
         "sentencepiece_model": os.path.join(out_dir, "sentencepiece.model"),

@@ -17,6 +17,7 @@ gradients to replica-local variables, then one function that all-reduces and
 applies: no collective ever sits inside a conditional.
 """
 
+import logging
 import math
 import time
 
@@ -24,6 +25,8 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+logger = logging.getLogger(__name__)
 
 
 def _correct_tokens(labels, logits, pad_id):
@@ -240,6 +243,9 @@ class Trainer:
         self.model.stop_training = False
         callbacks.on_train_begin()
         step = int(self.optimizer.iterations.numpy())  # > 0 after BackupAndRestore
+        self.initial_step = step
+        if step:
+            logger.info("Resuming at step %d of %d", step, steps)
         logs = {}
         for epoch in range(step // steps_per_epoch, epochs):
             callbacks.on_epoch_begin(epoch)

@@ -1,0 +1,153 @@
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from pipelines.train import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = [
+    "--set", "default_corpus_sizes=[1500,40,40]",
+    "--set", "model.num_layers=1",
+    "--set", "model.hidden_dim=32",
+    "--set", "model.intermediate_dim=64",
+    "--batch-tokens", "512",
+    "--vocabulary-size", "200",
+]  # fmt: skip
+
+
+def run_main(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    return err
+
+
+def write(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_bad_inputs_give_one_clear_error(tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run")]
+    three, two = write(tmp_path / "a.en", b"a\nb\nc\n"), write(tmp_path / "a.de", b"x\ny\n")
+    err = run_main(capsys, "--corpus", "files", "--train-files", three, two, *out)
+    assert three in err and two in err and "3 lines" in err and "2 lines" in err
+    bad = write(tmp_path / "bad.de", b"x\n\xc3\x28\nz\n")
+    err = run_main(capsys, "--corpus", "files", "--train-files", three, bad, *out)
+    assert "bad.de, line 2: not valid UTF-8" in err
+    empty = write(tmp_path / "empty.en", b"\n \n")
+    assert "empty" in run_main(capsys, "--corpus", "files", "--train-files", empty, empty, *out)
+    missing = str(tmp_path / "missing.en")
+    err = run_main(capsys, "--corpus", "files", "--train-files", missing, two, *out)
+    assert f"File not found: {missing}" in err
+    assert "Unknown preset 'transformer_huge'" in run_main(capsys, "--preset", "transformer_huge")
+    assert "Unknown recipe 'tiny'" in run_main(capsys, "--recipe", "tiny")
+    err = run_main(capsys, "--corpus", "tfds", "--tfds", "no_such_dataset/en-de", *out)
+    assert "Unknown TFDS dataset 'no_such_dataset/en-de'" in err
+    assert "Multi30k folder not found" in run_main(
+        capsys, "--recipe", "multi30k", "--multi30k-dir", missing, *out
+    )
+
+
+def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "pipelines.train", "--corpus", "files", "--train-files",
+         str(tmp_path / "nope.en"), str(tmp_path / "nope.de"), "--output-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert process.returncode == 2
+    assert "Traceback" not in process.stderr
+    assert process.stderr.strip().splitlines()[-1] == f"error: File not found: {tmp_path}/nope.en"
+
+
+def test_short_run_writes_every_output(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    args = ["--output-dir", out, "--steps", "4", "--steps-per-epoch", "2", "--average-last", "2"]
+    assert main(args + TINY) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["steps"] == 4 and result["resumed_at_step"] == 0
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == [
+        "epoch-001.keras",
+        "epoch-002.keras",
+    ]
+    assert len(result["history"]["loss"]) == 2 and "val_loss" in result["history"]
+    assert "greedy_bleu" in result and len(result["examples"]) == 5
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["steps"] == 4 and config["model"]["hidden_dim"] == 32
+    model = keras.saving.load_model(os.path.join(out, "model.keras"))
+    assert model.hidden_dim == 32 and model.vocabulary_size == 200
+    events = os.listdir(os.path.join(out, "logs", "train"))
+    assert any(name.startswith("events.out.tfevents") for name in events)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_backup(tmp_path):
+    out = tmp_path / "run"
+    steps = ["--steps", "300", "--steps-per-epoch", "300", "--backup-every", "5"]
+    command = [sys.executable, "-m", "pipelines.train", "--output-dir", str(out), *steps, *TINY]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    metadata = out / "backup" / "training_metadata.json"
+    deadline = time.time() + 240
+    while not metadata.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert first.poll() is None, "the run ended before it could be killed"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not (out / "result.json").exists()
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = json.loads((out / "result.json").read_text())
+    assert 0 < result["resumed_at_step"] < 300  # from the backup, mid-epoch
+    assert result["steps"] == 300
+    assert f"Resuming at step {result['resumed_at_step']} of 300" in second.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_workers_train_to_identical_weights(tmp_path):
+    workers = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    out = tmp_path / "run"
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        steps = ["--steps", "6", "--steps-per-epoch", "3", "--accumulation-steps", "2"]
+        command = [sys.executable, "-m", "pipelines.train", "--output-dir", str(out), *steps, *TINY]
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+        )
+    logs = [process.communicate(timeout=600)[0] for process in processes]
+    assert [p.returncode for p in processes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    chief = keras.saving.load_model(out / "model.keras")
+    other = keras.saving.load_model(out / "workers" / "worker-1" / "model.keras")
+    for a, b in zip(chief.get_weights(), other.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for worker_out in (out, out / "workers" / "worker-1"):
+        assert json.loads((worker_out / "result.json").read_text())["steps"] == 6
+    assert "MultiWorkerMirroredStrategy" in logs[0]

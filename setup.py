@@ -25,6 +25,12 @@ setup(
         "babel>=2.14,<3",
         "tensorboard>=2.20",
     ],
+    entry_points={
+        "console_scripts": [
+            "kt-train=pipelines.train:main",
+            "kt-average=pipelines.average:main",
+        ]
+    },
     extras_require={
         "test": [
             "pytest>=8",

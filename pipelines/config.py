@@ -101,7 +101,7 @@ RECIPES = {
     "default": {
         "corpus": "default",
         "vocabulary_size": 500,
-        "batch_tokens": 2048,
+        "batch_tokens": 1024,
         "max_length": 64,
         "model": {
             "num_layers": 2,
@@ -110,10 +110,10 @@ RECIPES = {
             "num_heads": 4,
             "dropout": 0.1,
         },
-        "steps": 1500,
-        "steps_per_epoch": 250,
-        "warmup_steps": 400,
-        "learning_rate_scale": 2.0,
+        "steps": 1200,
+        "steps_per_epoch": 200,
+        "warmup_steps": 300,
+        "learning_rate_scale": 0.5,
         "output_dir": "runs/default",
     },
     # Multi30k task 1 (29,000 pairs) sized for a 2-core CPU.

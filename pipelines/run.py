@@ -18,12 +18,24 @@ from pipelines.trainer import Trainer
 logger = logging.getLogger("pipelines.train")
 
 
+_STRATEGY = []
+
+
 def make_strategy():
     """MultiWorkerMirroredStrategy when TF_CONFIG lists several workers, else Mirrored.
+
+    One strategy serves the whole process: two strategies in one process hand
+    out the same collective instance keys and their all-reduces collide.
 
     Returns:
         `(strategy, worker_index)`; worker 0 is the chief that writes outputs.
     """
+    if not _STRATEGY:
+        _STRATEGY.append(_new_strategy())
+    return _STRATEGY[0]
+
+
+def _new_strategy():
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     if sum(len(tasks) for tasks in cluster.values()) > 1:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()

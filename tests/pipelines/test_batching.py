@@ -1,4 +1,5 @@
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -50,6 +51,8 @@ def multi30k(tmp_path_factory, request):
 def multi30k_dir():
     from tests.pipelines.conftest import MULTI30K
 
+    if not os.path.isdir(MULTI30K):
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
     return MULTI30K
 
 

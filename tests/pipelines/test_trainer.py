@@ -4,9 +4,11 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from pipelines.run import make_strategy
 from pipelines.trainer import Trainer
 from tests.pipelines.conftest import two_cpus
 
+# Mirrored tests share the process's one strategy (see make_strategy).
 needs_two_cpus = pytest.mark.skipif(not two_cpus(), reason="needs 2 logical CPU devices")
 
 
@@ -84,7 +86,8 @@ def test_loss_is_the_token_mean_of_the_global_batch(single_device_step):
 
 @needs_two_cpus
 def test_mirrored_two_devices_equals_one_device(single_device_step):
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = make_strategy()[0]
+    assert mirrored.num_replicas_in_sync == 2
     assert_same_step(single_device_step, one_step(mirrored, [make_batch(0)]))
 
 
@@ -97,7 +100,7 @@ def test_accumulation_equals_one_large_batch(single_device_step, parts):
 
 @needs_two_cpus
 def test_accumulation_under_mirrored_strategy_equals_one_large_batch(single_device_step):
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = make_strategy()[0]
     micro = split(make_batch(0), 2)
     assert_same_step(single_device_step, one_step(mirrored, micro, accumulation_steps=2))
 

@@ -183,16 +183,30 @@ def make_dataset(
         `tf.data.Dataset` of `((source_ids (B, S), target_input_ids (B, T)),
         target_output_ids (B, T))`, int32, padded with 0.
     """
-    if isinstance(pairs, tf.data.Dataset):
-        dataset = pairs
-    else:
-        sources = [source for source, _ in pairs]
-        targets = [target for _, target in pairs]
-        dataset = tf.data.Dataset.from_tensor_slices((sources, targets))
-    examples = dataset.apply(tokenize_pairs(tokenizer)).apply(filter_by_length(max_length))
+    examples = tokenize_examples(pairs, tokenizer, max_length)
     return batch_examples(
         examples, batch_tokens, max_length, shuffle, repeat, seed, shuffle_buffer, cache
     )
+
+
+def tokenize_examples(pairs, tokenizer, max_length):
+    """The tokenizing half of `make_dataset`: pairs -> id examples within `max_length`.
+
+    Args:
+        pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of
+            scalar string pairs.
+        tokenizer: tensorflow-text tokenizer.
+        max_length: int, longer pairs are dropped.
+
+    Returns:
+        `tf.data.Dataset` of dicts of int32 `source` `(S,)` and `target`
+        `(T + 1,)` vectors (see `tokenize_pairs`).
+    """
+    if not isinstance(pairs, tf.data.Dataset):
+        sources = [source for source, _ in pairs]
+        targets = [target for _, target in pairs]
+        pairs = tf.data.Dataset.from_tensor_slices((sources, targets))
+    return pairs.apply(tokenize_pairs(tokenizer)).apply(filter_by_length(max_length))
 
 
 def batch_examples(
@@ -209,8 +223,8 @@ def batch_examples(
 
     Args:
         examples: `tf.data.Dataset` of dicts of int32 `source` and `target`
-            vectors, as `tokenize_pairs` writes them (for example read back
-            with `tf.data.Dataset.load`).
+            vectors, as `tokenize_examples` returns them (for example saved
+            and read back with `tf.data.Dataset.load`).
         (others): as in `make_dataset`.
 
     Returns:

@@ -1,5 +1,6 @@
 """One training run from a `TrainConfig`: data, vocabulary, model, fit, save."""
 
+import functools
 import glob
 import json
 import logging
@@ -18,24 +19,17 @@ from pipelines.trainer import Trainer
 logger = logging.getLogger("pipelines.train")
 
 
-_STRATEGY = []
-
-
+@functools.cache
 def make_strategy():
     """MultiWorkerMirroredStrategy when TF_CONFIG lists several workers, else Mirrored.
 
-    One strategy serves the whole process: two strategies in one process hand
-    out the same collective instance keys and their all-reduces collide.
+    One strategy serves the whole process (the result is cached): two
+    strategies in one process hand out the same collective instance keys and
+    their all-reduces collide.
 
     Returns:
         `(strategy, worker_index)`; worker 0 is the chief that writes outputs.
     """
-    if not _STRATEGY:
-        _STRATEGY.append(_new_strategy())
-    return _STRATEGY[0]
-
-
-def _new_strategy():
     cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     if sum(len(tasks) for tasks in cluster.values()) > 1:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -152,12 +146,7 @@ def _tokenized(config, pairs, tok, path):
     iterators of a distribution strategy, so no tokenizer runs inside them.
     """
     if not os.path.exists(os.path.join(path, "dataset_spec.pb")):
-        if not isinstance(pairs, tf.data.Dataset):
-            pairs = tf.data.Dataset.from_tensor_slices(
-                ([s for s, _ in pairs], [t for _, t in pairs])
-            )
-        examples = pairs.apply(batching.tokenize_pairs(tok))
-        examples.apply(batching.filter_by_length(config.max_length)).save(path)
+        batching.tokenize_examples(pairs, tok, config.max_length).save(path)
     return tf.data.Dataset.load(path)
 
 

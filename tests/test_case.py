@@ -1,6 +1,7 @@
 """Shared checks every layer test runs (config, calls, a jit fit step, dtypes, saving)."""
 
 import os
+import pathlib
 import tempfile
 
 import keras
@@ -8,6 +9,16 @@ import numpy as np
 from keras import ops
 
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
+
+
+def package_modules(package):
+    """Dotted names of a top-level package's modules, `__init__.py` files left out."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return sorted(
+        ".".join(path.relative_to(root).with_suffix("").parts)
+        for path in (root / package).rglob("*.py")
+        if path.name != "__init__.py"
+    )
 
 
 def to_numpy(x):

@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 
 import keras_transformer
+from tests.test_case import package_modules
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MODULES = sorted(
-    ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    for path in (ROOT / "keras_transformer").rglob("*.py")
-    if path.name != "__init__.py"
-)
+MODULES = package_modules("keras_transformer")
 
 
 @pytest.mark.parametrize("module_name", MODULES)

@@ -2,16 +2,12 @@
 
 import doctest
 import importlib
-import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODULES = sorted(
-    ".".join(path.relative_to(ROOT).with_suffix("").parts)
-    for path in (ROOT / "pipelines").rglob("*.py")
-    if path.name != "__init__.py"
-)
+from tests.test_case import package_modules
+
+MODULES = package_modules("pipelines")
 
 
 @pytest.mark.parametrize("module_name", MODULES)

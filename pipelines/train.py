@@ -18,7 +18,6 @@ writes there and every other worker under `workers/worker-N/`.
 import argparse
 import json
 import logging
-import os
 import sys
 
 from pipelines.config import ConfigError, load_config
@@ -106,5 +105,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     sys.exit(main())

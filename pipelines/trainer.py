@@ -105,10 +105,11 @@ class Trainer:
                     synchronization=tf.VariableSynchronization.ON_READ,
                     aggregation=tf.VariableAggregation.SUM,
                 )
-        compile_step = lambda fn: tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)  # noqa: E731
         self._accumulate_function = tf.function(self._accumulate_on_iterator)
         self._apply_function = tf.function(self._apply_on_iterator)
-        self._replica_gradients = compile_step(self._gradients)
+        self._replica_gradients = tf.function(
+            self._gradients, jit_compile=jit_compile, reduce_retracing=True
+        )
         self._evaluate_function = tf.function(self._sums, reduce_retracing=True)
 
     # Replica functions ---------------------------------------------------
@@ -138,15 +139,14 @@ class Trainer:
         if self._accumulators:
             gradients = [g + a for g, a in zip(gradients, self._accumulators, strict=True)]
             sums = sums + self._accumulated
+            # Automatic control dependencies run these after the reads above.
+            for variable in [*self._accumulators, self._accumulated]:
+                variable.assign(tf.zeros_like(variable))
         context = tf.distribute.get_replica_context()
         totals = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)  # (3,) global sums
         scale = 1.0 / tf.maximum(totals[1], 1.0)
         gradients = [g * scale for g in gradients]
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
-        for accumulator in self._accumulators:
-            accumulator.assign(tf.zeros_like(accumulator))
-        if self._accumulators:
-            self._accumulated.assign(tf.zeros_like(self._accumulated))
         return totals
 
     # Cross-replica functions ---------------------------------------------

@@ -11,7 +11,7 @@ Masks:
     attention mask: bool `(B, T, S)`, True where a query may attend a key.
 """
 
-from keras_transformer.decoding import greedy_search
+from keras_transformer.decoding import beam_search, greedy_search, length_penalty, score_hypotheses
 from keras_transformer.layers import (
     Decoder,
     DecoderLayer,
@@ -43,6 +43,9 @@ __all__ = [
     "TokenEmbedding",
     "Transformer",
     "TransformerSchedule",
+    "beam_search",
     "greedy_search",
+    "length_penalty",
+    "score_hypotheses",
     "transformer_optimizer",
 ]

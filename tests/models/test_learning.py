@@ -7,7 +7,9 @@ from keras_transformer import (
     LabelSmoothedCrossEntropy,
     MaskedAccuracy,
     Transformer,
+    beam_search,
     greedy_search,
+    score_hypotheses,
     transformer_optimizer,
 )
 from tests.test_case import to_numpy
@@ -63,3 +65,11 @@ def test_fit_learns_to_reverse_unseen_sequences():
     decoded = to_numpy(greedy_search(model, test_source, max_length=MAX_LENGTH + 1))
     exact = np.all(decoded == test_out, axis=1)
     assert exact[held_out].mean() >= 0.95, f"exact on held-out: {exact[held_out].mean():.3f}"
+
+    # Beam search finds hypotheses at least as likely under the model as greedy's.
+    beam, beam_scores = beam_search(model, test_source, beam_size=4, alpha=0.6)
+    greedy_scores = to_numpy(score_hypotheses(model, test_source, decoded, alpha=0.6))
+    beam_scores = to_numpy(beam_scores)[:, 0]
+    assert np.all(beam_scores >= greedy_scores - 1e-5)
+    beam_exact = np.all(to_numpy(beam)[:, 0, : MAX_LENGTH + 1] == test_out, axis=1)
+    assert beam_exact[held_out].mean() >= exact[held_out].mean()

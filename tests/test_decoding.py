@@ -1,0 +1,127 @@
+"""Greedy and beam search: equivalences, scores, length limits and padding."""
+
+import numpy as np
+import pytest
+
+from keras_transformer import Transformer, beam_search, greedy_search, length_penalty
+from keras_transformer.decoding import score_hypotheses
+from tests.test_case import to_numpy
+
+PAD, EOS, VOCABULARY = 0, 3, 16
+EXTRA = 8  # extra target tokens over the source length; 50 in the paper, short here
+# Three sources of different lengths, padded to 6.
+SOURCES = np.array(
+    [[5, 6, 7, 8, 9, EOS], [4, 5, EOS, PAD, PAD, PAD], [9, 8, 7, EOS, PAD, PAD]], "int32"
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = Transformer(
+        vocabulary_size=VOCABULARY,
+        num_layers=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_heads=2,
+        dropout=0.0,
+    )
+    model((SOURCES, SOURCES))
+    # Weights from NumPy, the same under every backend; with this seed beam
+    # search ends most hypotheses with EOS and some at their length limit.
+    rng = np.random.default_rng(2)
+    for weight in model.weights:
+        if not weight.path.endswith(("gamma", "beta")):
+            weight.assign(rng.normal(0.0, 0.3, weight.shape).astype("float32"))
+    return model
+
+
+def numpy_length_penalty(length, alpha):
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_length_penalty_is_the_gnmt_formula(alpha):
+    lengths = np.array([1, 2, 7, 50])
+    np.testing.assert_allclose(
+        to_numpy(length_penalty(lengths, alpha)), numpy_length_penalty(lengths, alpha), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_size_one_is_greedy(model, alpha):
+    greedy, greedy_scores = greedy_search(
+        model, SOURCES, alpha=alpha, extra_length=EXTRA, return_scores=True
+    )
+    beam, beam_scores = beam_search(model, SOURCES, beam_size=1, alpha=alpha, extra_length=EXTRA)
+    np.testing.assert_array_equal(to_numpy(beam)[:, 0], to_numpy(greedy))
+    np.testing.assert_allclose(to_numpy(beam_scores)[:, 0], to_numpy(greedy_scores), rtol=1e-5)
+
+
+def test_cached_greedy_equals_recomputed_prefix(model):
+    cached, cached_scores = greedy_search(model, SOURCES, extra_length=EXTRA, return_scores=True)
+    uncached, uncached_scores = greedy_search(
+        model, SOURCES, extra_length=EXTRA, use_cache=False, return_scores=True
+    )
+    np.testing.assert_array_equal(to_numpy(cached), to_numpy(uncached))
+    np.testing.assert_allclose(to_numpy(cached_scores), to_numpy(uncached_scores), rtol=1e-4)
+
+
+def test_cached_beam_equals_recomputed_prefix(model):
+    cached, cached_scores = beam_search(model, SOURCES, num_hypotheses=4, extra_length=EXTRA)
+    uncached, uncached_scores = beam_search(
+        model, SOURCES, num_hypotheses=4, extra_length=EXTRA, use_cache=False
+    )
+    np.testing.assert_array_equal(to_numpy(cached), to_numpy(uncached))
+    np.testing.assert_allclose(to_numpy(cached_scores), to_numpy(uncached_scores), rtol=1e-4)
+
+
+def test_beam_scores_are_the_models_length_normalized_log_probabilities(model):
+    tokens, scores = beam_search(
+        model, SOURCES, beam_size=4, alpha=0.6, num_hypotheses=4, extra_length=EXTRA
+    )
+    tokens, scores = to_numpy(tokens), to_numpy(scores)
+    for rank in range(4):
+        rescored = to_numpy(score_hypotheses(model, SOURCES, tokens[:, rank], alpha=0.6))
+        np.testing.assert_allclose(scores[:, rank], rescored, rtol=1e-4)
+    # Best first, and no hypothesis twice.
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    for row in tokens:
+        assert len({tuple(hypothesis) for hypothesis in row}) == 4
+
+
+def test_every_hypothesis_ends_with_eos_then_padding_or_at_its_limit(model):
+    tokens, _ = beam_search(model, SOURCES, num_hypotheses=4, extra_length=EXTRA)
+    source_lengths = (SOURCES != PAD).sum(axis=1)
+    for sentence, hypotheses in enumerate(to_numpy(tokens)):
+        limit = source_lengths[sentence] + EXTRA
+        for hypothesis in hypotheses:
+            produced = int((hypothesis != PAD).sum())
+            assert produced <= limit
+            assert np.all(hypothesis[produced:] == PAD)
+            eos_positions = np.flatnonzero(hypothesis == EOS)
+            if produced < limit:  # ended by EOS, not by the limit
+                assert list(eos_positions) == [produced - 1]
+    ended = (to_numpy(tokens) == EOS).any(axis=-1)
+    assert ended.any() and not ended.all(), "the check needs both kinds of ending"
+
+
+@pytest.mark.parametrize("decode", ["greedy", "beam"])
+def test_padding_in_the_batch_changes_no_result(model, decode):
+    def run(sources):
+        if decode == "greedy":
+            return to_numpy(greedy_search(model, sources, extra_length=EXTRA))[:, None]
+        return to_numpy(beam_search(model, sources, num_hypotheses=2, extra_length=EXTRA)[0])
+
+    batched = run(np.pad(SOURCES, [(0, 0), (0, 4)]))
+    for row, source in enumerate(SOURCES):
+        alone = run(source[source != PAD][None])
+        width = min(alone.shape[-1], batched.shape[-1])
+        np.testing.assert_array_equal(batched[row, :, :width], alone[0, :, :width])
+        assert np.all(batched[row, :, width:] == PAD) and np.all(alone[0, :, width:] == PAD)
+
+
+def test_bad_arguments_are_named(model):
+    with pytest.raises(ValueError, match="beam_size=0"):
+        beam_search(model, SOURCES, beam_size=0)
+    with pytest.raises(ValueError, match="num_hypotheses=5"):
+        beam_search(model, SOURCES, beam_size=4, num_hypotheses=5)

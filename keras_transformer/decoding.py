@@ -45,7 +45,7 @@ def _source_limits(model, source_ids, max_length, extra_length):
         return limits, ops.convert_to_tensor(max_length, "int32")
     lengths = ops.sum(ops.cast(model.padding_mask(source_ids), "int32"), axis=1)  # (B,)
     limits = lengths + extra_length
-    return limits, ops.max(limits)
+    return limits, ops.max(limits, initial=0)  # 0 for an empty batch
 
 
 class _Stepper:
@@ -88,10 +88,17 @@ class _Stepper:
             prefix = ops.slice(tokens, [0, 0], [rows, index + 1])  # (R, index + 1)
             logits = self.model.decode(prefix, self.encoder_outputs, self.source_mask)[:, -1]
         log_probs = ops.log_softmax(logits, axis=-1)  # (R, V)
-        banned = ops.isin(
-            ops.arange(ops.shape(log_probs)[-1]), [self.model.pad_id, self.model.bos_id]
-        )
+        ids = ops.arange(ops.shape(log_probs)[-1])
+        banned = ops.equal(ids, self.model.pad_id) | ops.equal(ids, self.model.bos_id)  # (V,)
         return ops.where(banned, _IMPOSSIBLE, log_probs), state
+
+
+def _write_column(tokens, index, ids):
+    """Sets `tokens[..., index] = ids`. `where`, not `ops.slice_update`, which
+    TensorFlow lowers to XlaDynamicUpdateSlice, an op TF Serving runs only
+    with XLA compilation enabled."""
+    column = ops.arange(ops.shape(tokens)[-1]) == index  # (1 + T,)
+    return ops.where(column, ops.expand_dims(ids, -1), tokens)
 
 
 def _initial_tokens(model, rows, buffer_length):
@@ -162,7 +169,7 @@ def greedy_search(
         log_probs = log_probs + ops.where(finished, 0.0, best)
         lengths = lengths + ops.cast(ops.logical_not(finished), "int32")
         next_ids = ops.where(finished, model.pad_id, next_ids)
-        tokens = ops.slice_update(tokens, [0, index + 1], ops.expand_dims(next_ids, 1))
+        tokens = _write_column(tokens, index + 1, next_ids)
         finished = finished | ops.equal(next_ids, model.eos_id) | (index + 1 >= limits)
         return index + 1, tokens, state, log_probs, lengths, finished
 
@@ -205,7 +212,8 @@ def beam_search(
     Args:
         model: a built `Transformer`.
         source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
-        beam_size: int, hypotheses kept per sentence (4 in section 6.1).
+        beam_size: int, hypotheses kept per sentence (4 in section 6.1); a
+            scalar tensor in TensorFlow graphs.
         alpha: float, length penalty exponent (0.6 in section 6.1).
         num_hypotheses: int, hypotheses returned per sentence, at most
             `beam_size`.
@@ -231,9 +239,9 @@ def beam_search(
     References:
         Vaswani et al., 2017, section 6.1; Wu et al., 2016, section 7.
     """
-    if beam_size < 1:
+    if isinstance(beam_size, int) and beam_size < 1:
         raise ValueError(f"beam_size must be positive. Received: beam_size={beam_size}")
-    if not 1 <= num_hypotheses <= beam_size:
+    if isinstance(beam_size, int) and not 1 <= num_hypotheses <= beam_size:
         raise ValueError(
             "num_hypotheses must be between 1 and beam_size. Received: "
             f"num_hypotheses={num_hypotheses}, beam_size={beam_size}"
@@ -243,7 +251,7 @@ def beam_search(
     limits, buffer_length = _source_limits(model, source_ids, max_length, extra_length)
     step = _Stepper(model, source_ids, beam_size, buffer_length, use_cache)
     tokens = _initial_tokens(model, batch_size * beam_size, buffer_length)
-    tokens = ops.reshape(tokens, (batch_size, beam_size, -1))  # (B, K, 1 + T)
+    tokens = ops.reshape(tokens, (batch_size, beam_size, buffer_length + 1))  # (B, K, 1 + T)
     # Only the first beam is alive at the start, so the first step's
     # candidates are distinct.
     first = ops.arange(beam_size) == 0
@@ -255,7 +263,7 @@ def beam_search(
         return ops.logical_and(index < buffer_length, ops.logical_not(ops.all(done)))
 
     def body(index, tokens, state, alive_log_probs, finished, finished_scores, done):
-        flat_tokens = ops.reshape(tokens, (batch_size * beam_size, -1))
+        flat_tokens = ops.reshape(tokens, (batch_size * beam_size, buffer_length + 1))
         step_log_probs, state = step(flat_tokens, index, state)  # (B * K, V)
         vocabulary = ops.shape(step_log_probs)[-1]
         candidates = alive_log_probs[..., None] + ops.reshape(
@@ -266,7 +274,7 @@ def beam_search(
         origins = top_indices // vocabulary  # (B, 2K) beam each candidate extends
         new_ids = ops.cast(top_indices % vocabulary, "int32")  # (B, 2K)
         extended = _take_rows(tokens, origins)  # (B, 2K, 1 + T)
-        extended = ops.slice_update(extended, [0, 0, index + 1], new_ids[..., None])
+        extended = _write_column(extended, index + 1, new_ids)
         ends = ops.equal(new_ids, model.eos_id)
         at_limit = (index + 1 >= limits)[:, None]  # (B, 1)
 

@@ -12,6 +12,21 @@ from keras_transformer.layers import masks
 _MASK_LOGIT = -1e9
 
 
+def _write_steps(cache, steps, index):
+    """Writes `(B, T, H, K)` steps into a `(B, S, H, K)` cache at `index`.
+
+    A one-hot placement and `where` rather than `ops.slice_update`: under
+    TensorFlow the latter becomes XlaDynamicUpdateSlice, which TF Serving runs
+    only with XLA compilation enabled. Values are copied exactly.
+    """
+    positions = ops.arange(ops.shape(cache)[1])  # (S,)
+    offsets = ops.arange(ops.shape(steps)[1]) + index  # (T,)
+    placement = ops.cast(ops.equal(offsets[:, None], positions[None]), steps.dtype)  # (T, S)
+    written = ops.einsum("ts,bthk->bshk", placement, steps)  # (B, S, H, K)
+    covered = ops.any(placement > 0, axis=0)[None, :, None, None]  # (1, S, 1, 1)
+    return ops.where(covered, written, cache)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, eq. (1) with the projections of section 3.2.2.
@@ -181,9 +196,8 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             step_keys = self._key_dense(key)  # (B, T, H, K)
             step_values = self._value_dense(value)  # (B, T, H, K)
-            start = [0, cache_update_index, 0, 0]
-            key_states = ops.slice_update(cache[:, 0], start, step_keys)
-            value_states = ops.slice_update(cache[:, 1], start, step_values)
+            key_states = _write_steps(cache[:, 0], step_keys, cache_update_index)
+            value_states = _write_steps(cache[:, 1], step_values, cache_update_index)
             cache = ops.stack([key_states, value_states], axis=1)  # (B, 2, S, H, K)
             start_index = cache_update_index
             key_mask = value_mask = None

@@ -1,0 +1,254 @@
+"""SavedModel export for TF Serving: raw sentences in, translations out.
+
+`python -m pipelines.export --run-dir runs/default --name default` writes
+`saved_models/default/1/` (TF Serving's `NAME/VERSION` layout). The SavedModel
+holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
+does everything in its graph:
+UTF-8 cleanup, tokenization, truncation, beam search with the key/value cache,
+detokenization. It needs only tensorflow and tensorflow-text to load.
+
+Signatures (every input is a string tensor `inputs` of shape `[None]`):
+    serving_default: `translations` string `[None]`, `scores` float32 `[None]`,
+        beam search with the export's beam size and length penalty.
+    nbest: `translations` string `[None, N]`, `scores` float32 `[None, N]`,
+        the N best hypotheses per sentence, best first.
+    translate: also takes `beam_size` (int32 scalar) and `alpha` (float32
+        scalar); beam size 1 is greedy search.
+
+An empty (or all-space) sentence translates to an empty string with score 0.
+A sentence longer than `max_source_length` tokens (end-of-sequence included)
+is truncated to that length and translated. Bytes that are not valid UTF-8 are
+replaced by U+FFFD before tokenization.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import keras
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_transformer.decoding import beam_search
+from pipelines.corpus import DataError
+
+SIGNATURE_INPUT = "inputs"
+
+
+def encode_sources(tokenizer, sentences, eos_id, max_length=None):
+    """Sentences to padded source ids, as the training pipeline encodes them.
+
+    Args:
+        tokenizer: a tensorflow-text SentencePiece tokenizer.
+        sentences: string `(B,)`.
+        eos_id: int, appended to every source.
+        max_length: int or None, the most ids kept per source (EOS included).
+
+    Returns:
+        int32 `(B, S)` ids, padded with 0.
+    """
+    pieces = tokenizer.tokenize(sentences)  # ragged (B, None)
+    if max_length:
+        pieces = pieces[:, : max_length - 1]
+    eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(eos_id, pieces.dtype))
+    return tf.concat([pieces, eos], axis=1).to_tensor()  # (B, S)
+
+
+def decode_targets(tokenizer, token_ids, eos_id):
+    """Detokenizes `(..., T)` hypotheses, dropping EOS and what follows it.
+
+    Returns:
+        string tensor of shape `token_ids.shape[:-1]`.
+    """
+    shape = tf.shape(token_ids)
+    flat = tf.reshape(token_ids, [-1, shape[-1]])  # (R, T)
+    keep = tf.math.cumsum(tf.cast(tf.equal(flat, eos_id), tf.int32), axis=1) == 0
+    texts = tokenizer.detokenize(tf.ragged.boolean_mask(flat, keep))  # (R,)
+    return tf.reshape(texts, shape[:-1])
+
+
+class Translator(tf.Module):
+    """A Keras `Transformer` and its tokenizer, wrapped for `tf.saved_model.save`.
+
+    The module tracks the tf.Variables its traced signatures read, not the
+    Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
+    `saved_model_cli run`) restores only variables saved that way; with the
+    Keras model tracked instead, loading works in Python but TF Serving
+    fails with "Could not find variable".
+
+    Args:
+        model: a trained `Transformer`.
+        sentencepiece_path: str, the SentencePiece model used in training.
+        max_source_length: int, source ids kept per sentence (EOS included).
+        beam_size: int, beam size of `serving_default` and `nbest`.
+        alpha: float, length penalty exponent of `serving_default` and `nbest`.
+        num_hypotheses: int, hypotheses per sentence returned by `nbest`.
+    """
+
+    def __init__(
+        self, model, sentencepiece_path, max_source_length, beam_size=4, alpha=0.6, num_hypotheses=4
+    ):
+        super().__init__(name="translator")
+        # The file ships in the SavedModel's assets/ for users and other
+        # runtimes; tf-text's tokenizer op takes the proto as an attribute, so
+        # the graph holds its own copy of the same bytes.
+        self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
+        with open(sentencepiece_path, "rb") as handle:
+            self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
+        tokenizer = self.tokenizer
+
+        def translate(sentences, beam_size, alpha, num_hypotheses):
+            # An empty batch skips the graph below, whose shapes assume a row.
+            return tf.cond(
+                tf.size(sentences) > 0,
+                lambda: translate_batch(sentences, beam_size, alpha, num_hypotheses),
+                lambda: (tf.zeros([0, num_hypotheses], tf.string), tf.zeros([0, num_hypotheses])),
+            )
+
+        def translate_batch(sentences, beam_size, alpha, num_hypotheses):
+            sentences = tf.strings.unicode_transcode(
+                sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+            )
+            empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)  # (B,)
+            source = encode_sources(tokenizer, sentences, model.eos_id, max_source_length)
+            tokens, scores = beam_search(
+                model, source, beam_size=beam_size, alpha=alpha, num_hypotheses=num_hypotheses
+            )  # (B, N, T), (B, N)
+            texts = decode_targets(tokenizer, tokens, model.eos_id)  # (B, N)
+            texts = tf.where(empty[:, None], "", texts)
+            scores = tf.where(empty[:, None], 0.0, scores)
+            return texts, scores
+
+        sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
+
+        @tf.function(input_signature=[sentences_spec])
+        def serve(inputs):
+            texts, scores = translate(inputs, beam_size, alpha, 1)
+            return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+        @tf.function(input_signature=[sentences_spec])
+        def nbest(inputs):
+            texts, scores = translate(inputs, beam_size, alpha, num_hypotheses)
+            return {"translations": texts, "scores": scores}
+
+        @tf.function(
+            input_signature=[
+                sentences_spec,
+                tf.TensorSpec([], tf.int32, name="beam_size"),
+                tf.TensorSpec([], tf.float32, name="alpha"),
+            ]
+        )
+        def translate_with(inputs, beam_size, alpha):
+            tf.debugging.assert_positive(beam_size, message="beam_size must be positive")
+            texts, scores = translate(inputs, beam_size, alpha, 1)
+            return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+        self.serve, self.nbest, self.translate = serve, nbest, translate_with
+        # The tf.Variables the traced signatures read, deduplicated by handle.
+        captured = {}
+        for function in (serve, nbest, translate_with):
+            for variable in function.get_concrete_function().variables:
+                captured.setdefault(id(variable), variable)
+        self.model_variables = list(captured.values())
+
+    def signatures(self):
+        return {"serving_default": self.serve, "nbest": self.nbest, "translate": self.translate}
+
+
+def next_version(base_dir):
+    """1 + the largest integer version folder under `base_dir` (1 when none)."""
+    versions = (
+        [int(name) for name in os.listdir(base_dir) if name.isdigit()]
+        if os.path.isdir(base_dir)
+        else []
+    )
+    return max(versions, default=0) + 1
+
+
+def export(translator, base_dir, version=None):
+    """Writes `translator` to `base_dir/VERSION/`, atomically.
+
+    The SavedModel is written to a hidden folder beside the version and renamed
+    into place, so TF Serving, which polls `base_dir` for new versions, never
+    sees a half-written one. An existing version is never overwritten.
+
+    Args:
+        translator: a `Translator`.
+        base_dir: str, the model's folder, e.g. `saved_models/default`.
+        version: int or None, defaults to `next_version(base_dir)`.
+
+    Returns:
+        str, the version's folder.
+    """
+    version = next_version(base_dir) if version is None else int(version)
+    target = os.path.join(base_dir, str(version))
+    if os.path.exists(target):
+        raise DataError(f"{target} already exists; choose another --version")
+    os.makedirs(base_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base_dir)
+    try:
+        tf.saved_model.save(translator, staging, signatures=translator.signatures())
+        os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.export",
+        description="Exports a trained run as a SavedModel for TF Serving (`kt-export`).",
+    )
+    parser.add_argument("--run-dir", help="a training output folder (model.keras, ...)")
+    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
+    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+    parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
+    parser.add_argument("--name", default="translator", help="model name (folder under --base)")
+    parser.add_argument("--base", default="saved_models", help="where model folders live")
+    parser.add_argument("--version", type=int, help="defaults to the next free integer")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--nbest", type=int, default=4, help="hypotheses returned by `nbest`")
+    return parser.parse_args(argv)
+
+
+def _resolve(args):
+    run_dir = args.run_dir or ""
+    model_path = args.model or os.path.join(run_dir, "model.keras")
+    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
+    for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
+        if not os.path.isfile(path):
+            raise DataError(
+                f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
+            )
+    max_length = args.max_source_length
+    config_path = os.path.join(run_dir, "config.json")
+    if max_length is None and os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as handle:
+            max_length = json.load(handle)["max_length"]
+    if not max_length or max_length < 2:
+        raise DataError(f"--max-source-length must be at least 2. Received: {max_length}")
+    if not 1 <= args.nbest <= args.beam_size:
+        raise DataError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
+    return model_path, spm_path, max_length
+
+
+def main(argv=None):
+    args = _parse(argv)
+    try:
+        model_path, spm_path, max_length = _resolve(args)
+        model = keras.saving.load_model(model_path)
+        translator = Translator(model, spm_path, max_length, args.beam_size, args.alpha, args.nbest)
+        target = export(translator, os.path.join(args.base, args.name), args.version)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

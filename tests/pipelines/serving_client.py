@@ -1,0 +1,82 @@
+"""Loads an exported SavedModel as a serving process would, and reports as JSON.
+
+Run as a script by the export tests: `python serving_client.py EXPORT_DIR INPUTS_JSON`.
+It imports only tensorflow and tensorflow_text; keras_transformer and
+pipelines are blocked, so the export cannot lean on the project's code.
+"""
+
+import importlib.abc
+import json
+import sys
+import threading
+
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras_transformer", "pipelines"):
+            raise ImportError(f"{name} must not be imported by a serving process")
+
+
+sys.meta_path.insert(0, _Block())
+
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402, F401  registers the SentencePiece ops
+
+
+def main(export_dir, inputs_path):
+    with open(inputs_path, encoding="utf-8") as handle:
+        # Strings as latin-1 code points so any byte (invalid UTF-8 too) survives JSON.
+        inputs = [text.encode("latin-1") for text in json.load(handle)]
+    loaded = tf.saved_model.load(export_dir)
+    serve = loaded.signatures["serving_default"]
+    nbest = loaded.signatures["nbest"]
+
+    def call(batch):
+        outputs = serve(inputs=tf.constant(batch, tf.string))
+        return [t.decode("utf-8") for t in outputs["translations"].numpy()], [
+            float(s) for s in outputs["scores"].numpy()
+        ]
+
+    translations, scores = call(inputs)
+    alone = [call([text])[0][0] for text in inputs]
+    best = nbest(inputs=tf.constant(inputs, tf.string))
+    empty = serve(inputs=tf.constant([], tf.string))["translations"].shape[0]
+
+    # Eight threads call the signature at once, each on its own slice of inputs.
+    batches = [inputs[i:] + inputs[:i] for i in range(8)]
+    sequential = [call(batch)[0] for batch in batches]
+    threaded = [None] * 8
+
+    def worker(index):
+        for _ in range(3):
+            threaded[index] = call(batches[index])[0]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    json.dump(
+        {
+            "signatures": sorted(loaded.signatures),
+            "translations": translations,
+            "scores": scores,
+            "alone": alone,
+            "nbest": [[t.decode("utf-8") for t in row] for row in best["translations"].numpy()],
+            "nbest_scores": best["scores"].numpy().tolist(),
+            "empty_batch_rows": empty,
+            "threads_equal_sequential": threaded == sequential,
+            "asset": loaded.sentencepiece_model.asset_path.numpy().decode(),
+            "modules": sorted(
+                name
+                for name in sys.modules
+                if name.split(".")[0] in ("keras_transformer", "pipelines")
+            ),
+        },
+        sys.stdout,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

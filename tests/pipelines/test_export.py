@@ -1,0 +1,178 @@
+"""SavedModel export: fresh-process serving, saved_model_cli, TF Serving ops, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from keras_transformer import Transformer, beam_search
+from pipelines import export
+from pipelines.corpus import DataError
+from pipelines.default_corpus import generate_pairs
+from pipelines.tokenizer import EOS_ID, train_sentencepiece
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_SOURCE_LENGTH = 12
+LONG = "1,234.5 kilometers and " * 8
+INVALID = b"caf\xc3 \xff 5 kg"
+INPUTS = [b"Monday, March 3, 2014", b"4:08 PM", b"", b"   ", LONG.encode(), INVALID, b"12.5%"]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    pairs = generate_pairs(800, seed=0)
+    spm_path = str(root / "sentencepiece.model")
+    train_sentencepiece([text for pair in pairs for text in pair], spm_path, vocabulary_size=150)
+    keras.utils.set_random_seed(0)
+    model = Transformer(
+        vocabulary_size=150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
+    )
+    model((np.ones((1, 4), "int32"), np.ones((1, 4), "int32")))
+    translator = export.Translator(
+        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3
+    )
+    path = export.export(translator, str(root / "saved_models" / "tiny"))
+    return translator, model, spm_path, path
+
+
+def keras_beam_search(translator, model, sentences):
+    """The Keras model's beam search, outside any SavedModel."""
+
+    @tf.function
+    def run(sentences):
+        source = export.encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
+        tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, num_hypotheses=3)
+        return export.decode_targets(translator.tokenizer, tokens, EOS_ID), scores
+
+    texts, scores = run(tf.constant(sentences))
+    return [[t.decode("utf-8") for t in row] for row in texts.numpy()], scores.numpy()
+
+
+@pytest.fixture(scope="module")
+def served(exported, tmp_path_factory):
+    _, _, _, path = exported
+    inputs_path = tmp_path_factory.mktemp("client") / "inputs.json"
+    inputs_path.write_text(json.dumps([text.decode("latin-1") for text in INPUTS]))
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, "serving_client.py"), path, str(inputs_path)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=str(inputs_path.parent),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_layout_and_asset(exported):
+    _, _, spm_path, path = exported
+    assert os.path.basename(path) == "1" and os.path.basename(os.path.dirname(path)) == "tiny"
+    with open(os.path.join(path, "assets", "sentencepiece.model"), "rb") as handle:
+        assert handle.read() == open(spm_path, "rb").read()
+    assert os.listdir(os.path.dirname(path)) == ["1"]  # no staging folder left behind
+
+
+def test_fresh_process_serves_the_keras_beam_search(exported, served):
+    translator, model, _, _ = exported
+    assert served["modules"] == []
+    assert served["signatures"] == ["nbest", "serving_default", "translate"]
+    assert served["asset"].endswith(os.path.join("assets", "sentencepiece.model"))
+    real = [0, 1, 4, 6]
+    expected, expected_scores = keras_beam_search(translator, model, [INPUTS[i] for i in real])
+    for row, index in enumerate(real):
+        assert served["translations"][index] == expected[row][0]
+        assert served["nbest"][index] == expected[row]
+        np.testing.assert_allclose(served["scores"][index], expected_scores[row, 0], rtol=1e-4)
+        np.testing.assert_allclose(served["nbest_scores"][index], expected_scores[row], rtol=1e-4)
+    assert np.all(np.diff(np.array(served["nbest_scores"]), axis=1) <= 0)
+
+
+def test_bad_input_gives_one_output_per_input_in_order(exported, served):
+    translator, model, _, _ = exported
+    assert len(served["translations"]) == len(INPUTS)
+    assert served["translations"] == served["alone"]  # batching changes nothing
+    for index in (2, 3):  # empty and all-space sentences
+        assert served["translations"][index] == "" and served["scores"][index] == 0.0
+    # The long sentence is truncated to MAX_SOURCE_LENGTH ids and translated.
+    assert len(translator.tokenizer.tokenize(LONG).numpy()) > MAX_SOURCE_LENGTH
+    # Invalid UTF-8 is translated as if each bad byte were U+FFFD.
+    replaced = INVALID.decode("utf-8", errors="replace").encode()
+    expected, _ = keras_beam_search(translator, model, [replaced])
+    assert served["translations"][5] == expected[0][0]
+    assert served["empty_batch_rows"] == 0
+
+
+def test_eight_threads_get_the_sequential_results(served):
+    assert served["threads_equal_sequential"] is True
+
+
+def test_saved_model_cli_runs_the_export(exported, served):
+    _, _, _, path = exported
+    show = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show", "--all",
+         "--dir", path],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert show.returncode == 0, show.stderr[-2000:]
+    for signature in ("serving_default", "nbest", "translate"):
+        assert f"signature_def['{signature}']" in show.stdout
+    # saved_model_cli does not load tensorflow-text's ops itself; README shows this form.
+    launcher = (
+        "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
+        "sys.argv[0] = 'saved_model_cli'; sys.exit(saved_model_cli.main())"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", launcher, "run", "--dir", path, "--tag_set", "serve",
+         "--signature_def", "serving_default", "--input_exprs", 'inputs=["4:08 PM", "12.5%"]'],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = run.stdout[run.stdout.index("output key translations") :]
+    for text in (served["translations"][1], served["translations"][6]):
+        assert repr(text.encode())[2:-1] in printed
+
+
+def graph_ops(path):
+    meta = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as handle:
+        meta.ParseFromString(handle.read())
+    graph = meta.meta_graphs[0].graph_def
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops |= {node.op for node in function.node_def}
+    return ops - {function.signature.name for function in graph.library.function}
+
+
+def test_graph_uses_only_ops_tf_serving_2_20_registers(exported):
+    """TF Serving 2.20 embeds tensorflow-text 2.20.0; every custom op must be in it."""
+    with open(os.path.join(HERE, "data", "tf_text_2.20.0_ops.txt"), encoding="utf-8") as handle:
+        tf_text_ops = {line.strip() for line in handle if line.strip() and line[0] != "#"}
+    custom = {op for op in graph_ops(exported[3]) if not hasattr(tf.raw_ops, op)}
+    assert "SentencepieceOp" in custom  # the check sees the tokenizer's ops
+    assert custom <= tf_text_ops, f"not in tensorflow-text 2.20.0: {custom - tf_text_ops}"
+
+
+def test_versions_count_up_and_are_never_overwritten(exported, tmp_path):
+    translator = exported[0]
+    base = str(tmp_path / "model")
+    assert export.next_version(base) == 1
+    os.makedirs(os.path.join(base, "3"))
+    assert export.export(translator, base).endswith(os.path.join("model", "4"))
+    with pytest.raises(DataError, match="already exists"):
+        export.export(translator, base, version=4)
+    assert sorted(os.listdir(base)) == ["3", "4"]
+
+
+def test_command_errors_name_the_missing_file(tmp_path, capsys):
+    assert export.main(["--run-dir", str(tmp_path), "--base", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model not found") and str(tmp_path) in err

@@ -8,7 +8,7 @@ PYTEST := TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
 # Tests of backend-agnostic code (keras_transformer/); pipelines/ is TensorFlow-only.
 AGNOSTIC_TESTS := tests --ignore=tests/pipelines
 
-.PHONY: install train test test-slow lint
+.PHONY: install demo train test test-slow lint
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ $(VENV)/.installed: setup.py pyproject.toml
 
 install: $(VENV)/.installed
 
-# The main job: train the default recipe on the embedded corpus (no data, no network).
+# The whole product on the embedded corpus: train, export, translate with the
+# SavedModel, score. No data, no network.
+demo: install
+	KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pipelines.demo
+
+# Train the default recipe on the embedded corpus (no data, no network).
 train: install
 	KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pipelines.train
 

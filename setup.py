@@ -24,11 +24,17 @@ setup(
         "sentencepiece>=0.2,<0.3",
         "babel>=2.14,<3",
         "tensorboard>=2.20",
+        "matplotlib>=3.8",
     ],
     entry_points={
         "console_scripts": [
             "kt-train=pipelines.train:main",
             "kt-average=pipelines.average:main",
+            "kt-export=pipelines.export:main",
+            "kt-translate=pipelines.translate:main",
+            "kt-evaluate=pipelines.evaluate:main",
+            "kt-attention=pipelines.attention:main",
+            "kt-demo=pipelines.demo:main",
         ]
     },
     extras_require={

@@ -141,8 +141,9 @@ def greedy_search(
         float32 `(B,)` log-probabilities divided by `length_penalty`.
 
     Example:
-    >>> model = keras_transformer.Transformer.from_preset(
+    >>> model = Transformer.from_preset(
     ...     "transformer_small", vocabulary_size=20)
+    >>> model.build(((None, None), (None, None)))
     >>> tokens = greedy_search(model, keras.ops.array([[5, 6, 3, 0]]))
     >>> tuple(tokens.shape)  # source length 3 (padding excluded) + 50
     (1, 53)
@@ -205,9 +206,11 @@ def beam_search(
     `2 * beam_size` best extensions are kept: those among the best
     `beam_size` that end with `model.eos_id` join the sentence's finished
     hypotheses, and the best `beam_size` that do not stay alive. A sentence is
-    done once it has `beam_size` finished hypotheses or reaches its length
-    limit (its live hypotheses then finish as they are); the loop stops once
-    every sentence is done. With `beam_size=1` this is exactly greedy search.
+    done once it has `beam_size` finished hypotheses and no live one scores
+    better at its current length than the worst of them, or once it reaches its
+    length limit (its live hypotheses then finish as they are); the loop stops
+    once every sentence is done. With `beam_size=1` this is exactly greedy
+    search.
 
     Args:
         model: a built `Transformer`.
@@ -229,8 +232,9 @@ def beam_search(
         float32 `(B, N)` log-probabilities divided by `length_penalty`.
 
     Example:
-    >>> model = keras_transformer.Transformer.from_preset(
+    >>> model = Transformer.from_preset(
     ...     "transformer_small", vocabulary_size=20)
+    >>> model.build(((None, None), (None, None)))
     >>> tokens, scores = beam_search(
     ...     model, keras.ops.array([[5, 6, 3]]), num_hypotheses=2)
     >>> tuple(tokens.shape), tuple(scores.shape)
@@ -251,7 +255,7 @@ def beam_search(
     limits, buffer_length = _source_limits(model, source_ids, max_length, extra_length)
     step = _Stepper(model, source_ids, beam_size, buffer_length, use_cache)
     tokens = _initial_tokens(model, batch_size * beam_size, buffer_length)
-    tokens = ops.reshape(tokens, (batch_size, beam_size, buffer_length + 1))  # (B, K, 1 + T)
+    tokens = ops.reshape(tokens, (batch_size, beam_size, -1))  # (B, K, 1 + T)
     # Only the first beam is alive at the start, so the first step's
     # candidates are distinct.
     first = ops.arange(beam_size) == 0
@@ -263,7 +267,7 @@ def beam_search(
         return ops.logical_and(index < buffer_length, ops.logical_not(ops.all(done)))
 
     def body(index, tokens, state, alive_log_probs, finished, finished_scores, done):
-        flat_tokens = ops.reshape(tokens, (batch_size * beam_size, buffer_length + 1))
+        flat_tokens = ops.reshape(tokens, (batch_size * beam_size, -1))
         step_log_probs, state = step(flat_tokens, index, state)  # (B * K, V)
         vocabulary = ops.shape(step_log_probs)[-1]
         candidates = alive_log_probs[..., None] + ops.reshape(
@@ -295,8 +299,15 @@ def beam_search(
         parents = _take_rows(origins, keep) + ops.arange(batch_size)[:, None] * beam_size
         state = ops.take(state, ops.reshape(parents, (-1,)), axis=0)
 
+        # Done once K hypotheses have finished and none alive scores better
+        # now than the worst of them (Hugging Face's default rule). Stopping at
+        # K finished alone lets unlikely early endings, which enter the top K
+        # when the model is confident, end the search before its best
+        # hypothesis has finished.
         full = ops.sum(ops.cast(finished_scores > _IMPOSSIBLE / 2, "int32"), axis=1)
-        done = done | (full >= beam_size) | at_limit[:, 0]
+        best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
+        settled = (full >= beam_size) & (finished_scores[:, -1] >= best_alive)
+        done = done | settled | at_limit[:, 0]
         return index + 1, tokens, state, alive_log_probs, finished, finished_scores, done
 
     loop_vars = (ops.convert_to_tensor(0, "int32"), tokens, step.initial_state, alive_log_probs)

@@ -10,6 +10,7 @@ import sys
 import keras
 import numpy as np
 
+import keras_transformer  # noqa: F401  registers the classes that .keras files name
 from pipelines.corpus import DataError
 
 

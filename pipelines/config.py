@@ -110,10 +110,11 @@ RECIPES = {
             "num_heads": 4,
             "dropout": 0.1,
         },
-        "steps": 1200,
+        "steps": 1600,
         "steps_per_epoch": 200,
         "warmup_steps": 300,
         "learning_rate_scale": 0.5,
+        "average_last": 3,
         "output_dir": "runs/default",
     },
     # Multi30k task 1 (29,000 pairs) sized for a 2-core CPU.

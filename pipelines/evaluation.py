@@ -4,7 +4,7 @@ import sacrebleu
 import tensorflow as tf
 
 from keras_transformer.decoding import greedy_search
-from pipelines.tokenizer import EOS_ID
+from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources
 
 
 def translate(model, tokenizer, sentences, batch_size=64, max_length=None):
@@ -23,16 +23,9 @@ def translate(model, tokenizer, sentences, batch_size=64, max_length=None):
 
     @tf.function(reduce_retracing=True)
     def decode(batch):
-        source = tokenizer.tokenize(batch)  # ragged (B, S)
-        if max_length:
-            source = source[:, : max_length - 1]
-        eos = tf.fill([tf.shape(batch)[0], 1], EOS_ID)
-        source = tf.concat([source, eos], axis=1).to_tensor()  # (B, S)
-        tokens = greedy_search(model, source)  # (B, S + 50)
-        # Keep the ids before the first EOS (and drop the padding after it).
-        keep = tf.math.cumsum(tf.cast(tf.equal(tokens, EOS_ID), tf.int32), axis=1) == 0
-        ids = tf.ragged.boolean_mask(tokens, keep)
-        return tokenizer.detokenize(ids)
+        source = encode_sources(tokenizer, batch, EOS_ID, max_length)  # (B, S)
+        tokens = greedy_search(model, source)  # (B, T)
+        return decode_targets(tokenizer, tokens, EOS_ID)
 
     outputs = []
     for start in range(0, len(sentences), batch_size):

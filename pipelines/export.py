@@ -34,40 +34,9 @@ import tensorflow_text as tf_text
 
 from keras_transformer.decoding import beam_search
 from pipelines.corpus import DataError
+from pipelines.tokenizer import decode_targets, encode_sources
 
 SIGNATURE_INPUT = "inputs"
-
-
-def encode_sources(tokenizer, sentences, eos_id, max_length=None):
-    """Sentences to padded source ids, as the training pipeline encodes them.
-
-    Args:
-        tokenizer: a tensorflow-text SentencePiece tokenizer.
-        sentences: string `(B,)`.
-        eos_id: int, appended to every source.
-        max_length: int or None, the most ids kept per source (EOS included).
-
-    Returns:
-        int32 `(B, S)` ids, padded with 0.
-    """
-    pieces = tokenizer.tokenize(sentences)  # ragged (B, None)
-    if max_length:
-        pieces = pieces[:, : max_length - 1]
-    eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(eos_id, pieces.dtype))
-    return tf.concat([pieces, eos], axis=1).to_tensor()  # (B, S)
-
-
-def decode_targets(tokenizer, token_ids, eos_id):
-    """Detokenizes `(..., T)` hypotheses, dropping EOS and what follows it.
-
-    Returns:
-        string tensor of shape `token_ids.shape[:-1]`.
-    """
-    shape = tf.shape(token_ids)
-    flat = tf.reshape(token_ids, [-1, shape[-1]])  # (R, T)
-    keep = tf.math.cumsum(tf.cast(tf.equal(flat, eos_id), tf.int32), axis=1) == 0
-    texts = tokenizer.detokenize(tf.ragged.boolean_mask(flat, keep))  # (R,)
-    return tf.reshape(texts, shape[:-1])
 
 
 class Translator(tf.Module):

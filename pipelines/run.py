@@ -259,6 +259,13 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs):
     evaluation = test_pairs if test_pairs is not None else validation_pairs
     if isinstance(evaluation, list) and evaluation:
         sources = [s for s, _ in evaluation]
+        # The held-out pairs as files, for `pipelines.translate` and `pipelines.evaluate`.
+        for name, texts in (
+            ("heldout.source", sources),
+            ("heldout.target", [t for _, t in evaluation]),
+        ):
+            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
+                handle.writelines(f"{text}\n" for text in texts)
         hypotheses = translate(model, tok, sources, max_length=config.max_length)
         score, signature = bleu(hypotheses, [t for _, t in evaluation])
         result.update({"greedy_bleu": round(score, 2), "bleu_signature": signature})

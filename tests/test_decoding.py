@@ -1,5 +1,6 @@
 """Greedy and beam search: equivalences, scores, length limits and padding."""
 
+import keras
 import numpy as np
 import pytest
 
@@ -125,3 +126,62 @@ def test_bad_arguments_are_named(model):
         beam_search(model, SOURCES, beam_size=0)
     with pytest.raises(ValueError, match="num_hypotheses=5"):
         beam_search(model, SOURCES, beam_size=4, num_hypotheses=5)
+
+
+class BigramModel:
+    """A stand-in model whose next-token logits depend only on the previous token.
+
+    It has the methods the decoders call, so a search can be checked against
+    probabilities chosen by hand.
+    """
+
+    pad_id, bos_id, eos_id = PAD, 2, EOS
+
+    def __init__(self, probabilities):
+        self.table = np.log(np.asarray(probabilities, "float32") + 1e-12)  # (V, V)
+        self.decoder = self
+
+    def padding_mask(self, ids):
+        return keras.ops.not_equal(ids, PAD)
+
+    def encode(self, source_ids):
+        return keras.ops.zeros(tuple(source_ids.shape) + (1,)), self.padding_mask(source_ids)
+
+    def compute_cross_attention_cache(self, encoder_outputs):
+        return keras.ops.zeros((encoder_outputs.shape[0], 1))
+
+    def initial_cache(self, rows, length):
+        return keras.ops.zeros((rows, 1))
+
+    def decode(self, target_ids, encoder_outputs, mask, self_attention_cache=None, **kwargs):
+        logits = keras.ops.take(self.table, target_ids, axis=0)  # (B, T, V)
+        return logits if self_attention_cache is None else (logits, self_attention_cache)
+
+
+def test_unlikely_early_endings_do_not_end_the_search():
+    """Ending is the second choice at every step but never a likely one.
+
+    Tokens: 0 pad, 1 unk, 2 bos, 3 eos, 4 a, 5 b. After bos or a: a 0.95,
+    eos 0.04, b 0.01. The best hypothesis is "a" repeated to the length limit.
+    A beam of 2 sees two unlikely endings before that; stopping as soon as
+    two hypotheses have ended would return one of them.
+    """
+    row = [0.0, 0.0, 0.0, 0.04, 0.95, 0.01]
+    model = BigramModel([row, row, row, [0, 0, 0, 0.5, 0, 0.5], row, [0, 0, 0, 0.5, 0, 0.5]])
+    source = np.array([[4]], "int32")  # length 1: at most 1 + 5 target tokens
+    greedy, greedy_score = greedy_search(
+        model, source, extra_length=5, alpha=0.6, return_scores=True
+    )
+    for beam_size in (1, 2, 4):
+        tokens, scores = beam_search(model, source, beam_size=beam_size, extra_length=5)
+        np.testing.assert_array_equal(to_numpy(tokens)[0, 0], [4] * 6)
+        np.testing.assert_allclose(to_numpy(scores)[0, 0], to_numpy(greedy_score)[0], rtol=1e-5)
+    np.testing.assert_array_equal(to_numpy(greedy)[0], [4] * 6)
+
+
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_beam_finds_hypotheses_at_least_as_likely_as_greedy(model, beam_size):
+    greedy = greedy_search(model, SOURCES, extra_length=EXTRA)
+    greedy_scores = to_numpy(score_hypotheses(model, SOURCES, greedy, alpha=0.6))
+    _, scores = beam_search(model, SOURCES, beam_size=beam_size, extra_length=EXTRA)
+    assert np.all(to_numpy(scores)[:, 0] >= greedy_scores - 1e-5)

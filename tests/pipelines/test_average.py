@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -44,3 +48,19 @@ def test_average_refuses_different_architectures(tmp_path):
         )
     with pytest.raises(DataError, match="Cannot load checkpoint"):
         average_checkpoints([str(tmp_path / "missing.keras")], str(tmp_path / "x.keras"))
+
+
+def test_average_command_in_a_fresh_process(tmp_path):
+    saved_model(tmp_path / "a.keras", 1)
+    saved_model(tmp_path / "b.keras", 2)
+    output = tmp_path / "avg.keras"
+    command = [sys.executable, "-m", "pipelines.average", str(tmp_path / "a.keras"),
+               str(tmp_path / "b.keras"), "--output", str(output)]  # fmt: skip
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = average_checkpoints([str(tmp_path / "a.keras"), str(tmp_path / "b.keras")],
+                                   str(tmp_path / "expected.keras"))  # fmt: skip
+    reloaded = keras.saving.load_model(output).get_weights()
+    for got, want in zip(reloaded, expected.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)

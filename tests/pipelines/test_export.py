@@ -15,7 +15,7 @@ from keras_transformer import Transformer, beam_search
 from pipelines import export
 from pipelines.corpus import DataError
 from pipelines.default_corpus import generate_pairs
-from pipelines.tokenizer import EOS_ID, train_sentencepiece
+from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources, train_sentencepiece
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SOURCE_LENGTH = 12
@@ -48,9 +48,9 @@ def keras_beam_search(translator, model, sentences):
 
     @tf.function
     def run(sentences):
-        source = export.encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
+        source = encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
         tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, num_hypotheses=3)
-        return export.decode_targets(translator.tokenizer, tokens, EOS_ID), scores
+        return decode_targets(translator.tokenizer, tokens, EOS_ID), scores
 
     texts, scores = run(tf.constant(sentences))
     return [[t.decode("utf-8") for t in row] for row in texts.numpy()], scores.numpy()
@@ -152,13 +152,22 @@ def graph_ops(path):
     return ops - {function.signature.name for function in graph.library.function}
 
 
+def read_ops(name):
+    with open(os.path.join(HERE, "data", name), encoding="utf-8") as handle:
+        return {line.strip() for line in handle if line.strip() and line[0] != "#"}
+
+
 def test_graph_uses_only_ops_tf_serving_2_20_registers(exported):
-    """TF Serving 2.20 embeds tensorflow-text 2.20.0; every custom op must be in it."""
-    with open(os.path.join(HERE, "data", "tf_text_2.20.0_ops.txt"), encoding="utf-8") as handle:
-        tf_text_ops = {line.strip() for line in handle if line.strip() and line[0] != "#"}
-    custom = {op for op in graph_ops(exported[3]) if not hasattr(tf.raw_ops, op)}
+    """TF Serving 2.20: TensorFlow 2.20 with tensorflow-text 2.20.0 linked in."""
+    tf_text_ops = read_ops("tf_text_2.20.0_ops.txt")
+    ops = graph_ops(exported[3])
+    custom = {op for op in ops if not hasattr(tf.raw_ops, op)}
     assert "SentencepieceOp" in custom  # the check sees the tokenizer's ops
     assert custom <= tf_text_ops, f"not in tensorflow-text 2.20.0: {custom - tf_text_ops}"
+    missing = ops - tf_text_ops - read_ops("tensorflow_2.20.0_ops.txt")
+    assert not missing, f"not in TensorFlow 2.20: {missing}"
+    # XLA ops run in TF Serving only with XLA compilation switched on.
+    assert not {op for op in ops if op.startswith("Xla")}
 
 
 def test_versions_count_up_and_are_never_overwritten(exported, tmp_path):
@@ -176,3 +185,22 @@ def test_command_errors_name_the_missing_file(tmp_path, capsys):
     assert export.main(["--run-dir", str(tmp_path), "--base", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model not found") and str(tmp_path) in err
+
+
+def test_translate_command_writes_the_signatures_translations_in_order(exported, served, tmp_path):
+    path = exported[3]
+    lines = [text for text in INPUTS if b"\n" not in text]
+    (tmp_path / "input.txt").write_bytes(b"".join(text + b"\n" for text in lines))
+    output = tmp_path / "output.txt"
+    command = [sys.executable, "-m", "pipelines.translate", "--model", os.path.dirname(path),
+               "--input", str(tmp_path / "input.txt"), "--output", str(output),
+               "--batch-size", "2"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert output.read_text(encoding="utf-8").split("\n")[:-1] == served["translations"]
+    assert f"translated {len(lines)}/{len(lines)} sentences" in result.stderr
+
+    missing = [sys.executable, "-m", "pipelines.translate", "--model", str(tmp_path / "none")]
+    result = subprocess.run(missing, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 2 and "error: no SavedModel at" in result.stderr
+    assert "Traceback" not in result.stderr

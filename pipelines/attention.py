@@ -1,0 +1,157 @@
+"""Heat maps of the encoder-decoder attention for one sentence pair.
+
+    python -m pipelines.attention --run-dir runs/default \
+        --source "Monday, March 3, 2014" --output attention.png
+
+Rows are target subwords, columns source subwords, both labelled with their
+SentencePiece pieces. Without `--target` the model's own greedy translation is
+shown. `--layer` and `--head` pick one panel; `--head mean` averages heads;
+the default draws every layer (rows of panels) and head (columns).
+"""
+
+import argparse
+import os
+import sys
+
+import keras
+import matplotlib
+import numpy as np
+import sentencepiece as spm
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from keras_transformer.decoding import greedy_search  # noqa: E402
+from pipelines.corpus import DataError  # noqa: E402
+from pipelines.tokenizer import BOS_ID, EOS_ID  # noqa: E402
+
+CELL_INCHES = 0.32  # one token's width or height in a panel
+MARGIN_INCHES = 1.6  # room for a panel's tick labels and title
+DPI = 100
+
+
+def attention_maps(model, processor, source, target=None):
+    """Encoder-decoder attention probabilities for one pair.
+
+    Args:
+        model: a trained `Transformer`.
+        processor: `sentencepiece.SentencePieceProcessor` of the model.
+        source: str.
+        target: str or None; None decodes the model's greedy translation.
+
+    Returns:
+        `(attention, source_pieces, target_pieces)`: float `(L, H, T, S)`
+        probabilities, then the S source and T target piece strings (each
+        ending with `</s>`).
+    """
+    source_ids = processor.encode(source) + [EOS_ID]
+    if target is None:
+        tokens = np.asarray(greedy_search(model, np.array([source_ids], "int32")))[0]
+        target_ids = (
+            [int(t) for t in tokens[: list(tokens).index(EOS_ID)]] if EOS_ID in tokens else []
+        )
+        target_ids = target_ids or [int(t) for t in tokens if t != model.pad_id]
+    else:
+        target_ids = processor.encode(target)
+    target_ids = target_ids + [EOS_ID]
+    encoder_outputs, mask = model.encode(np.array([source_ids], "int32"))
+    decoder_inputs = np.array([[BOS_ID] + target_ids[:-1]], "int32")
+    _, attention = model.decode(
+        decoder_inputs, encoder_outputs, mask, return_attention_scores=True
+    )  # (1, L, H, T, S)
+    pieces = processor.id_to_piece
+    return (
+        np.asarray(keras.ops.convert_to_numpy(attention))[0].astype("float32"),
+        [pieces(i) for i in source_ids],
+        [pieces(i) for i in target_ids],
+    )
+
+
+def select(attention, layer="all", head="all"):
+    """Panels to draw: `(rows, cols, T, S)` and their titles.
+
+    Args:
+        attention: `(L, H, T, S)`.
+        layer: "all" or an int layer index.
+        head: "all", "mean" or an int head index.
+    """
+    layers = range(attention.shape[0]) if layer == "all" else [int(layer)]
+    for index in layers:
+        if not 0 <= index < attention.shape[0]:
+            raise DataError(f"--layer {index} out of range: the model has {attention.shape[0]}")
+    if head == "mean":
+        panels = attention[list(layers)].mean(axis=1, keepdims=True)
+        titles = [[f"layer {i}, mean of heads"] for i in layers]
+        return panels, titles
+    heads = range(attention.shape[1]) if head == "all" else [int(head)]
+    for index in heads:
+        if not 0 <= index < attention.shape[1]:
+            raise DataError(f"--head {index} out of range: the model has {attention.shape[1]}")
+    panels = attention[list(layers)][:, list(heads)]
+    return panels, [[f"layer {i}, head {h}" for h in heads] for i in layers]
+
+
+def figure_size(rows, cols, target_length, source_length):
+    """Figure size in pixels `(width, height)` for a grid of panels."""
+    width = cols * (source_length * CELL_INCHES + MARGIN_INCHES)
+    height = rows * (target_length * CELL_INCHES + MARGIN_INCHES)
+    return round(width * DPI), round(height * DPI)
+
+
+def plot(panels, titles, source_pieces, target_pieces, path):
+    """Writes `(rows, cols, T, S)` panels as a labelled PNG heat map."""
+    rows, cols = panels.shape[:2]
+    width, height = figure_size(rows, cols, len(target_pieces), len(source_pieces))
+    figure, axes = plt.subplots(
+        rows, cols, figsize=(width / DPI, height / DPI), dpi=DPI, squeeze=False
+    )
+    for r in range(rows):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.imshow(panels[r, c], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_xticks(range(len(source_pieces)), source_pieces, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(target_pieces)), target_pieces, fontsize=7)
+            ax.set_title(titles[r][c], fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)  # fixed size: no bbox_inches="tight"
+    plt.close(figure)
+    return width, height
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.attention",
+        description="PNG heat map of encoder-decoder attention (`kt-attention`).",
+    )
+    parser.add_argument("--run-dir", help="training output (model.keras, sentencepiece.model)")
+    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
+    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--target", help="defaults to the model's greedy translation")
+    parser.add_argument("--layer", default="all", help="'all' or a layer index")
+    parser.add_argument("--head", default="all", help="'all', 'mean' or a head index")
+    parser.add_argument("--output", default="attention.png")
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir or ""
+    model_path = args.model or os.path.join(run_dir, "model.keras")
+    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
+    try:
+        for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
+            if not os.path.isfile(path):
+                raise DataError(f"{label} not found: {path}")
+        model = keras.saving.load_model(model_path)
+        processor = spm.SentencePieceProcessor(model_file=spm_path)
+        attention, source_pieces, target_pieces = attention_maps(
+            model, processor, args.source, args.target
+        )
+        panels, titles = select(attention, args.layer, args.head)
+    except (DataError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    width, height = plot(panels, titles, source_pieces, target_pieces, args.output)
+    print(f"{args.output}: {width}x{height} pixels, target: {''.join(target_pieces[:-1])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

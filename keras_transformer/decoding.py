@@ -39,13 +39,17 @@ def length_penalty(length, alpha):
 
 
 def _source_limits(model, source_ids, max_length, extra_length):
-    """Per-sentence `(B,)` limits and the loop's overall limit."""
+    """Per-sentence `(B,)` limits and the width `T` of the output buffer.
+
+    The buffer is as wide as the longest possible output, `S + extra_length`
+    for a padded width `S`, so its shape is static wherever `S` is (as under
+    `jax.jit`); each sentence still stops at its own limit.
+    """
     if max_length is not None:
         limits = ops.full((ops.shape(source_ids)[0],), max_length, dtype="int32")
-        return limits, ops.convert_to_tensor(max_length, "int32")
+        return limits, max_length
     lengths = ops.sum(ops.cast(model.padding_mask(source_ids), "int32"), axis=1)  # (B,)
-    limits = lengths + extra_length
-    return limits, ops.max(limits, initial=0)  # 0 for an empty batch
+    return lengths + extra_length, ops.shape(source_ids)[1] + extra_length
 
 
 class _Stepper:
@@ -136,7 +140,8 @@ def greedy_search(
         return_scores: bool, also return the scores.
 
     Returns:
-        int32 `(B, T)` token ids: each row ends with `model.eos_id` (when
+        int32 `(B, T)` token ids, `T = max_length` or `S + extra_length`:
+        each row ends with `model.eos_id` (when
         produced) followed by `model.pad_id`. With `return_scores`, also
         float32 `(B,)` log-probabilities divided by `length_penalty`.
 
@@ -145,8 +150,8 @@ def greedy_search(
     ...     "transformer_small", vocabulary_size=20)
     >>> model.build(((None, None), (None, None)))
     >>> tokens = greedy_search(model, keras.ops.array([[5, 6, 3, 0]]))
-    >>> tuple(tokens.shape)  # source length 3 (padding excluded) + 50
-    (1, 53)
+    >>> tuple(tokens.shape)  # S + 50; this sentence may use 3 + 50
+    (1, 54)
 
     References:
         Vaswani et al., 2017, section 6.1.
@@ -227,7 +232,8 @@ def beam_search(
             of recomputing the prefix.
 
     Returns:
-        `(tokens, scores)`: int32 `(B, N, T)` hypotheses, best first, each
+        `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
+        `greedy_search`), best first, each
         ending with `model.eos_id` (when produced) then `model.pad_id`; and
         float32 `(B, N)` log-probabilities divided by `length_penalty`.
 

@@ -10,7 +10,6 @@ the default draws every layer (rows of panels) and head (columns).
 """
 
 import argparse
-import os
 import sys
 
 import keras
@@ -22,6 +21,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from keras_transformer.decoding import greedy_search  # noqa: E402
+from pipelines.config import ConfigError, add_run_arguments, run_files  # noqa: E402
 from pipelines.corpus import DataError  # noqa: E402
 from pipelines.tokenizer import BOS_ID, EOS_ID  # noqa: E402
 
@@ -123,29 +123,22 @@ def main(argv=None):
         prog="python -m pipelines.attention",
         description="PNG heat map of encoder-decoder attention (`kt-attention`).",
     )
-    parser.add_argument("--run-dir", help="training output (model.keras, sentencepiece.model)")
-    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
-    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+    add_run_arguments(parser)
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", help="defaults to the model's greedy translation")
     parser.add_argument("--layer", default="all", help="'all' or a layer index")
     parser.add_argument("--head", default="all", help="'all', 'mean' or a head index")
     parser.add_argument("--output", default="attention.png")
     args = parser.parse_args(argv)
-    run_dir = args.run_dir or ""
-    model_path = args.model or os.path.join(run_dir, "model.keras")
-    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
     try:
-        for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
-            if not os.path.isfile(path):
-                raise DataError(f"{label} not found: {path}")
+        model_path, spm_path = run_files(args)
         model = keras.saving.load_model(model_path)
         processor = spm.SentencePieceProcessor(model_file=spm_path)
         attention, source_pieces, target_pieces = attention_maps(
             model, processor, args.source, args.target
         )
         panels, titles = select(attention, args.layer, args.head)
-    except (DataError, ValueError) as error:
+    except (ConfigError, DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     width, height = plot(panels, titles, source_pieces, target_pieces, args.output)

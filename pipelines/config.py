@@ -199,3 +199,27 @@ def load_config(recipe="default", config_file=None, overrides=None):
         config = _merge(config, values, config_file)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     return _merge(config, overrides, "flags").validate()
+
+
+def add_run_arguments(parser):
+    """Adds `--run-dir`, `--model` and `--sentencepiece` to a command's parser."""
+    parser.add_argument("--run-dir", help="a training output folder (model.keras, ...)")
+    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
+    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+
+
+def run_files(args):
+    """`(model_path, sentencepiece_path)` from `add_run_arguments` flags.
+
+    Raises:
+        ConfigError: naming the file that does not exist.
+    """
+    run_dir = args.run_dir or ""
+    model_path = args.model or os.path.join(run_dir, "model.keras")
+    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
+    for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
+        if not os.path.isfile(path):
+            raise ConfigError(
+                f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
+            )
+    return model_path, spm_path

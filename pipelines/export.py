@@ -33,6 +33,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding import beam_search
+from pipelines.config import ConfigError, add_run_arguments, run_files
 from pipelines.corpus import DataError
 from pipelines.tokenizer import decode_targets, encode_sources
 
@@ -171,9 +172,7 @@ def _parse(argv):
         prog="python -m pipelines.export",
         description="Exports a trained run as a SavedModel for TF Serving (`kt-export`).",
     )
-    parser.add_argument("--run-dir", help="a training output folder (model.keras, ...)")
-    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
-    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+    add_run_arguments(parser)
     parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
     parser.add_argument("--name", default="translator", help="model name (folder under --base)")
     parser.add_argument("--base", default="saved_models", help="where model folders live")
@@ -185,14 +184,8 @@ def _parse(argv):
 
 
 def _resolve(args):
+    model_path, spm_path = run_files(args)
     run_dir = args.run_dir or ""
-    model_path = args.model or os.path.join(run_dir, "model.keras")
-    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
-    for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
-        if not os.path.isfile(path):
-            raise DataError(
-                f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
-            )
     max_length = args.max_source_length
     config_path = os.path.join(run_dir, "config.json")
     if max_length is None and os.path.isfile(config_path):
@@ -212,7 +205,7 @@ def main(argv=None):
         model = keras.saving.load_model(model_path)
         translator = Translator(model, spm_path, max_length, args.beam_size, args.alpha, args.nbest)
         target = export(translator, os.path.join(args.base, args.name), args.version)
-    except DataError as error:
+    except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(target)

@@ -185,3 +185,31 @@ def test_beam_finds_hypotheses_at_least_as_likely_as_greedy(model, beam_size):
     greedy_scores = to_numpy(score_hypotheses(model, SOURCES, greedy, alpha=0.6))
     _, scores = beam_search(model, SOURCES, beam_size=beam_size, extra_length=EXTRA)
     assert np.all(to_numpy(scores)[:, 0] >= greedy_scores - 1e-5)
+
+
+def test_decoders_compile_in_a_graph(model):
+    """jax.jit (static shapes) and tf.function over unknown batch and length."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        compile_ = jax.jit
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        def compile_(function):
+            return tf.function(function, input_signature=[tf.TensorSpec([None, None], "int32")])
+    else:
+        pytest.skip(f"no graph compilation check for {backend}")
+
+    def beam(sources):
+        return beam_search(model, sources, num_hypotheses=2, extra_length=EXTRA)
+
+    def greedy(sources):
+        return greedy_search(model, sources, extra_length=EXTRA, return_scores=True)
+
+    for decode in (beam, greedy):
+        compiled = compile_(decode)(SOURCES)
+        eager = decode(SOURCES)
+        np.testing.assert_array_equal(to_numpy(compiled[0]), to_numpy(eager[0]))
+        np.testing.assert_allclose(to_numpy(compiled[1]), to_numpy(eager[1]), rtol=1e-5)

@@ -35,7 +35,7 @@ def test_readme_examples(tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)
     tokens = keras.ops.convert_to_numpy(namespace["tokens"])
-    assert tokens.shape == (1, 3 + 50)  # three real source tokens, then 50 more
+    assert tokens.shape == (1, 4 + 50)
     assert (tmp_path / "translator.keras").exists()
     classifier = namespace["classifier"]
     logits = classifier(np.array([[5, 6, 0, 0]]))

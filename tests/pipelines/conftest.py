@@ -33,3 +33,25 @@ def multi30k_dir():
 
 def two_cpus():
     return len(tf.config.list_logical_devices("CPU")) >= 2
+
+
+def tiny_translation_model(root, vocabulary_size, seed=0, **model_arguments):
+    """A SentencePiece model trained on the default corpus and an untrained Transformer.
+
+    Returns:
+        `(model, sentencepiece_path)`; the model is built.
+    """
+    import keras
+    import numpy as np
+
+    from keras_transformer import Transformer
+    from pipelines.default_corpus import generate_pairs
+    from pipelines.tokenizer import train_sentencepiece
+
+    spm_path = str(root / "sentencepiece.model")
+    pairs = generate_pairs(800, seed=seed)
+    train_sentencepiece([text for pair in pairs for text in pair], spm_path, vocabulary_size)
+    keras.utils.set_random_seed(seed)
+    model = Transformer(vocabulary_size=vocabulary_size, **model_arguments)
+    model((np.ones((1, 4), "int32"), np.ones((1, 4), "int32")))
+    return model, spm_path

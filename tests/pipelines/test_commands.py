@@ -5,17 +5,14 @@ import os
 import subprocess
 import sys
 
-import keras
 import matplotlib.image
 import numpy as np
 import pytest
 import sacrebleu
 import sentencepiece as spm
 
-from keras_transformer import Transformer
 from pipelines import attention, evaluate
-from pipelines.default_corpus import generate_pairs
-from pipelines.tokenizer import train_sentencepiece
+from tests.pipelines.conftest import tiny_translation_model
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
 TINY = [
@@ -57,14 +54,9 @@ def test_evaluate_matches_sacrebleu_and_writes_json(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("attention")
-    pairs = generate_pairs(600, seed=1)
-    spm_path = str(root / "sentencepiece.model")
-    train_sentencepiece([text for pair in pairs for text in pair], spm_path, vocabulary_size=120)
-    keras.utils.set_random_seed(0)
-    model = Transformer(
-        vocabulary_size=120, num_layers=2, hidden_dim=16, intermediate_dim=32, num_heads=2
+    model, spm_path = tiny_translation_model(
+        root, 120, seed=1, num_layers=2, hidden_dim=16, intermediate_dim=32, num_heads=2
     )
-    model((np.ones((1, 3), "int32"), np.ones((1, 3), "int32")))
     model.save(root / "model.keras")
     return root, model, spm.SentencePieceProcessor(model_file=spm_path)
 

@@ -5,17 +5,16 @@ import os
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from keras_transformer import Transformer, beam_search
+from keras_transformer import beam_search
 from pipelines import export
 from pipelines.corpus import DataError
-from pipelines.default_corpus import generate_pairs
-from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources, train_sentencepiece
+from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources
+from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SOURCE_LENGTH = 12
@@ -28,14 +27,9 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    pairs = generate_pairs(800, seed=0)
-    spm_path = str(root / "sentencepiece.model")
-    train_sentencepiece([text for pair in pairs for text in pair], spm_path, vocabulary_size=150)
-    keras.utils.set_random_seed(0)
-    model = Transformer(
-        vocabulary_size=150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
+    model, spm_path = tiny_translation_model(
+        root, 150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
     )
-    model((np.ones((1, 4), "int32"), np.ones((1, 4), "int32")))
     translator = export.Translator(
         model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3
     )

@@ -3,9 +3,9 @@
 `python -m pipelines.export --run-dir runs/default --name default` writes
 `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout). The SavedModel
 holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
-does everything in its graph:
-UTF-8 cleanup, tokenization, truncation, beam search with the key/value cache,
-detokenization. It needs only tensorflow and tensorflow-text to load.
+does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
+search with the key/value cache, detokenization. It needs only tensorflow and
+tensorflow-text to load.
 
 Signatures (every input is a string tensor `inputs` of shape `[None]`):
     serving_default: `translations` string `[None]`, `scores` float32 `[None]`,

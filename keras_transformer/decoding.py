@@ -141,8 +141,8 @@ def greedy_search(
 
     Returns:
         int32 `(B, T)` token ids, `T = max_length` or `S + extra_length`:
-        each row ends with `model.eos_id` (when
-        produced) followed by `model.pad_id`. With `return_scores`, also
+        each row ends with `model.eos_id` (when produced) followed by
+        `model.pad_id`. With `return_scores`, also
         float32 `(B,)` log-probabilities divided by `length_penalty`.
 
     Example:
@@ -233,8 +233,8 @@ def beam_search(
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
-        `greedy_search`), best first, each
-        ending with `model.eos_id` (when produced) then `model.pad_id`; and
+        `greedy_search`), best first, each ending with `model.eos_id` (when
+        produced) then `model.pad_id`; and
         float32 `(B, N)` log-probabilities divided by `length_penalty`.
 
     Example:
@@ -310,9 +310,9 @@ def beam_search(
         # K finished alone lets unlikely early endings, which enter the top K
         # when the model is confident, end the search before its best
         # hypothesis has finished.
-        full = ops.sum(ops.cast(finished_scores > _IMPOSSIBLE / 2, "int32"), axis=1)
+        worst_finished = finished_scores[:, -1]  # scores are sorted, best first
         best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
-        settled = (full >= beam_size) & (finished_scores[:, -1] >= best_alive)
+        settled = (worst_finished > _IMPOSSIBLE / 2) & (worst_finished >= best_alive)
         done = done | settled | at_limit[:, 0]
         return index + 1, tokens, state, alive_log_probs, finished, finished_scores, done
 

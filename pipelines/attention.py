@@ -47,10 +47,9 @@ def attention_maps(model, processor, source, target=None):
     source_ids = processor.encode(source) + [EOS_ID]
     if target is None:
         tokens = np.asarray(greedy_search(model, np.array([source_ids], "int32")))[0]
-        target_ids = (
-            [int(t) for t in tokens[: list(tokens).index(EOS_ID)]] if EOS_ID in tokens else []
-        )
-        target_ids = target_ids or [int(t) for t in tokens if t != model.pad_id]
+        target_ids = [int(t) for t in tokens if t != model.pad_id]  # EOS, then padding
+        if EOS_ID in target_ids:
+            target_ids = target_ids[: target_ids.index(EOS_ID)]
     else:
         target_ids = processor.encode(target)
     target_ids = target_ids + [EOS_ID]

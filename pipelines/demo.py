@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from pipelines.corpus import read_lines
+
 
 def _stage(title, argv):
     print(f"\n== {title}\n$ {' '.join(argv)}", flush=True)
@@ -60,10 +62,9 @@ def main(argv=None):
     )  # fmt: skip
     with open(scores_path, encoding="utf-8") as handle:
         scores = json.load(handle)
-    rows = [open(path, encoding="utf-8").read().splitlines() for path in (source, translation)]
-    references = open(target, encoding="utf-8").read().splitlines()
+    rows = [read_lines(path) for path in (source, translation, target)]
     print("\n== Examples from the exported model")
-    for src, hyp, ref in list(zip(*rows, references, strict=True))[: args.examples]:
+    for src, hyp, ref in list(zip(*rows, strict=True))[: args.examples]:
         mark = "=" if hyp == ref else "!"
         print(f"  {src}\n  {mark} {hyp}\n    (reference: {ref})")
     print(

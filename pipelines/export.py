@@ -36,6 +36,7 @@ from keras_transformer.decoding import beam_search
 from pipelines.config import ConfigError, add_run_arguments, run_files
 from pipelines.corpus import DataError
 from pipelines.tokenizer import decode_targets, encode_sources
+from pipelines.translate import saved_versions
 
 SIGNATURE_INPUT = "inputs"
 
@@ -130,12 +131,7 @@ class Translator(tf.Module):
 
 def next_version(base_dir):
     """1 + the largest integer version folder under `base_dir` (1 when none)."""
-    versions = (
-        [int(name) for name in os.listdir(base_dir) if name.isdigit()]
-        if os.path.isdir(base_dir)
-        else []
-    )
-    return max(versions, default=0) + 1
+    return max(saved_versions(base_dir), default=0) + 1
 
 
 def export(translator, base_dir, version=None):

@@ -20,14 +20,21 @@ import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedM
 from pipelines.corpus import DataError
 
 
+def saved_versions(base_dir):
+    """The integer version folders under `base_dir` (TF Serving's layout), as ints."""
+    if not os.path.isdir(base_dir):
+        return []
+    return [int(name) for name in os.listdir(base_dir) if name.isdigit()]
+
+
 def resolve_version(path):
     """A SavedModel folder: `path` itself, or its highest integer version."""
     if os.path.isfile(os.path.join(path, "saved_model.pb")):
         return path
-    versions = [name for name in os.listdir(path) if name.isdigit()] if os.path.isdir(path) else []
+    versions = saved_versions(path)
     if not versions:
         raise DataError(f"no SavedModel at {path} (expected saved_model.pb or NAME/VERSION/)")
-    return os.path.join(path, max(versions, key=int))
+    return os.path.join(path, str(max(versions)))
 
 
 def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=64, progress=None):

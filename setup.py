@@ -35,14 +35,17 @@ setup(
             "kt-evaluate=pipelines.evaluate:main",
             "kt-attention=pipelines.attention:main",
             "kt-demo=pipelines.demo:main",
+            "kt-ct2-export=pipelines.ctranslate2_export:main",
         ]
     },
     extras_require={
+        "ctranslate2": ["ctranslate2>=4.5,<5"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "jax[cpu]>=0.4.30",
+            "ctranslate2>=4.5,<5",
         ],
     },
 )

@@ -1,0 +1,122 @@
+"""CTranslate2 export: converted weights score and translate as the Keras model does."""
+
+import json
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from keras_transformer import beam_search, greedy_search
+from pipelines import ctranslate2_export, train
+from pipelines.corpus import read_lines
+from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources, load_tokenizer
+from tests.pipelines.conftest import tiny_translation_model
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+SENTENCES = ["Monday, March 3, 2014", "4:08 PM", "12.5%", "1,234.5 kilometers"]
+
+
+def keras_log_probs(model, processor, sources, targets):
+    """Per-token log p(target token | prefix, source) from the Keras model."""
+    rows = []
+    for source, target in zip(sources, targets, strict=True):
+        source_ids = np.array([processor.encode(source) + [EOS_ID]], "int32")
+        target_ids = processor.encode(target)
+        target_in = np.array([[model.bos_id, *target_ids]], "int32")
+        logits = np.asarray(model((source_ids, target_in)))[0].astype("float64")
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.sum(np.exp(shifted), -1, keepdims=True))
+        rows.append(log_probs[np.arange(len(target_ids) + 1), [*target_ids, EOS_ID]])
+    return rows
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    [
+        {},
+        {"normalize_first": True},
+        {"tie_output_embeddings": False, "learned_positions": True, "max_length": 64},
+        {"activation": "gelu", "num_heads": 4},
+    ],
+    ids=["paper", "pre-norm", "untied-learned-positions", "gelu"],
+)
+def test_converted_model_scores_every_token_as_keras_does(tmp_path, architecture):
+    arguments = {"num_layers": 2, "hidden_dim": 32, "intermediate_dim": 64, "num_heads": 2}
+    model, spm_path = tiny_translation_model(tmp_path, 150, **{**arguments, **architecture})
+    path = ctranslate2_export.convert(model, spm_path, str(tmp_path / "ct2"), max_length=32)
+    processor = spm.SentencePieceProcessor(model_file=spm_path)
+    targets = ["Montag, 3. März 2014", "16:08", "12,5 %", "1.234,5 Kilometer"]
+    translator = ctranslate2.Translator(path, device="cpu")
+    scored = translator.score_batch(
+        processor.encode(SENTENCES, out_type=str), processor.encode(targets, out_type=str)
+    )
+    expected = keras_log_probs(model, processor, SENTENCES, targets)
+    for result, log_probs in zip(scored, expected, strict=True):
+        np.testing.assert_allclose(result.log_probs, log_probs, atol=2e-4)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A small model trained on the default corpus (about 40 s on 2 cores)."""
+    run = tmp_path_factory.mktemp("ct2") / "run"
+    settings = {
+        "default_corpus_sizes": "[4000,100,200]",
+        "model.num_layers": "2",
+        "model.hidden_dim": "64",
+        "model.intermediate_dim": "128",
+        "batch_tokens": "1024",
+        "vocabulary_size": "300",
+        "steps": "300",
+        "steps_per_epoch": "100",
+        "warmup_steps": "100",
+        "average_last": "1",
+    }
+    argv = ["--output-dir", str(run)]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    assert train.main(argv) == 0
+    return run
+
+
+def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path, capsys):
+    run = str(trained_run)
+    assert ctranslate2_export.main(["--run-dir", run, "--output", str(tmp_path / "ct2")]) == 0
+    path = capsys.readouterr().out.strip()
+    with open(f"{run}/result.json", encoding="utf-8") as handle:
+        assert json.load(handle)["greedy_bleu"] > 30  # trained, not a random model
+    sources = read_lines(f"{run}/heldout.source")
+    import keras
+
+    model = keras.saving.load_model(f"{run}/model.keras")
+    tokenizer = load_tokenizer(f"{run}/sentencepiece.model")
+    max_length = json.load(open(f"{run}/config.json"))["max_length"]
+    source_ids = encode_sources(tokenizer, tf.constant(sources), EOS_ID, max_length)
+    translator = ctranslate2_export.CTranslate2Translator(path)
+    # With no length penalty both beam searches maximise the same score.
+    greedy = greedy_search(model, source_ids, return_scores=True)
+    beam = beam_search(model, source_ids, beam_size=4, alpha=0.0)
+    for beam_size, (tokens, scores) in ((1, greedy), (4, (beam[0][:, 0], beam[1][:, 0]))):
+        ours = [t.decode() for t in decode_targets(tokenizer, tokens, EOS_ID).numpy()]
+        theirs, their_scores, _ = translator.translate(sources, beam_size, length_penalty=0.0)
+        same = [a == b for a, b in zip(ours, theirs, strict=True)]
+        assert np.mean(same) >= 0.95, (beam_size, np.mean(same))
+        np.testing.assert_allclose(
+            np.array(their_scores)[same], np.asarray(scores)[same], rtol=1e-3, atol=5e-3
+        )
+
+
+def test_export_command_refuses_to_overwrite_and_names_missing_files(trained_run, tmp_path, capsys):
+    output = str(tmp_path / "ct2")
+    argv = ["--run-dir", str(trained_run), "--output", output]
+    assert ctranslate2_export.main(argv) == 0
+    assert ctranslate2_export.main(argv) == 2
+    assert "exists" in capsys.readouterr().err
+    assert ctranslate2_export.main([*argv, "--force"]) == 0
+    translator = ctranslate2_export.CTranslate2Translator(output)
+    translations, scores, lengths = translator.translate(["4:08 PM", "12.5%"], beam_size=2)
+    assert len(translations) == 2 and all(length > 0 for length in lengths)
+    missing = ["--run-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "x")]
+    assert ctranslate2_export.main(missing) == 2
+    assert "model not found" in capsys.readouterr().err

@@ -117,10 +117,11 @@ RECIPES = {
         "average_last": 3,
         "output_dir": "runs/default",
     },
-    # Multi30k task 1 (29,000 pairs) within 60 minutes on a 2-core CPU. A
-    # small corpus rewards a small, strongly regularised model: 4 layers of
-    # width 128 (Wu et al., 2021, "Transformer-Tiny"), dropout 0.3, a short
-    # warmup for a short run, and the last 5 of 15 checkpoints averaged.
+    # Multi30k task 1 (29,000 pairs) within 60 minutes on a 2-core CPU: 15
+    # epochs. A 4-layer width-128 model (Wu et al., 2021, "Transformer-Tiny")
+    # is what 2 cores can train that often; in so few epochs it underfits
+    # rather than overfits, so dropout stays at 0.1, and the learning rate
+    # peaks at 0.0022 after a short warmup. The last 5 checkpoints are averaged.
     "multi30k": {
         "corpus": "multi30k",
         "vocabulary_size": 8000,
@@ -131,11 +132,12 @@ RECIPES = {
             "hidden_dim": 128,
             "intermediate_dim": 256,
             "num_heads": 4,
-            "dropout": 0.3,
+            "dropout": 0.1,
         },
         "steps": 1500,
         "steps_per_epoch": 100,
         "warmup_steps": 400,
+        "learning_rate_scale": 0.5,
         "output_dir": "runs/multi30k",
         "average_last": 5,
     },

@@ -5,6 +5,7 @@ import glob
 import json
 import logging
 import os
+import time
 
 import keras
 import tensorflow as tf
@@ -174,6 +175,7 @@ def run_training(config):
     Returns:
         dict of results: steps, final losses, validation BLEU, paths.
     """
+    started = time.perf_counter()
     if keras.backend.backend() != "tensorflow":
         raise ConfigError(f"pipelines need KERAS_BACKEND=tensorflow, not {keras.backend.backend()}")
     strategy, worker = make_strategy()
@@ -235,10 +237,10 @@ def run_training(config):
         validation_data=validation_data,
         verbose=1 if worker == 0 else 0,
     )
-    return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs)
+    return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started)
 
 
-def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs):
+def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started):
     model = trainer.model
     tok = tokenizer.load_tokenizer(os.path.join(out_dir, "sentencepiece.model"))
     checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
@@ -273,6 +275,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs):
             {"source": s, "translation": h, "reference": t}
             for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]
         ]
+    # This process's wall-clock time, evaluation included (not earlier runs resumed from).
+    result["seconds"] = round(time.perf_counter() - started, 1)
     with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2, ensure_ascii=False)
     return result

@@ -1,0 +1,215 @@
+"""Decoding speed: cached vs uncached decoders, the SavedModel, and CTranslate2.
+
+Usage:
+    python benchmarks/decoding.py --run-dir runs/multi30k \
+        --multi30k-dir ../shared/data/multi30k [--repeats 3]
+
+Translates Multi30k's test_2016_flickr (1,000 English sentences) with one
+trained model, greedy and beam 4, through:
+- `cached`: `greedy_search` / `beam_search` with the key/value cache, in a
+  `tf.function`, as the SavedModel runs them;
+- `uncached`: the same search recomputing the whole prefix at every step
+  (`use_cache=False`, the TensorFlow tutorial's loop);
+- `saved_model`: the exported SavedModel's `translate` signature, loaded back;
+- `ctranslate2`: the same weights converted by `pipelines.ctranslate2_export`
+  (when CTranslate2 is installed), float32, 2 threads.
+All take the same sentences in the same batches (sorted by length, 64 a
+batch) and include tokenization. Each repetition runs every decoder once, in
+turn; the figure is the median. Prints a table and writes
+benchmarks/results/decoding.json with sentences/s, target tokens/s, BLEU and
+the speed ratios.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+
+DECODERS = ("cached", "uncached", "saved_model", "ctranslate2")
+
+
+def _keras_decoder(model, tok, max_length, use_cache):
+    import tensorflow as tf
+
+    from keras_transformer import beam_search, greedy_search
+    from pipelines.tokenizer import decode_targets, encode_sources
+
+    @tf.function(reduce_retracing=True)
+    def run(inputs, beam_size, alpha):
+        source = encode_sources(tok, inputs, model.eos_id, max_length)
+        if beam_size == 1:
+            tokens = greedy_search(model, source, alpha=alpha, use_cache=use_cache)
+        else:
+            tokens, _ = beam_search(model, source, beam_size, alpha, use_cache=use_cache)
+            tokens = tokens[:, 0]
+        texts = decode_targets(tok, tokens, model.eos_id)
+        return {"translations": texts, "scores": tf.zeros(tf.shape(texts), tf.float32)}
+
+    def signature(inputs, beam_size, alpha):
+        return run(inputs, int(beam_size), float(alpha))
+
+    return signature
+
+
+def build_decoders(run_dir, max_length, work_dir, names):
+    """`{name: translate(sentences, beam_size, alpha) -> list of str}`."""
+    import keras
+    import tensorflow as tf
+
+    import keras_transformer  # noqa: F401
+    from pipelines import export, tokenizer
+    from pipelines.translate import translate_lines
+
+    model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
+    spm_path = os.path.join(run_dir, "sentencepiece.model")
+    tok = tokenizer.load_tokenizer(spm_path)
+    decoders = {}
+
+    def lines_translator(signature):
+        def translate(sentences, beam_size, alpha):
+            lines = [s.encode("utf-8") for s in sentences]
+            return translate_lines(signature, lines, beam_size, alpha)[0]
+
+        return translate
+
+    for use_cache, name in ((True, "cached"), (False, "uncached")):
+        if name in names:
+            decoders[name] = lines_translator(_keras_decoder(model, tok, max_length, use_cache))
+    if "saved_model" in names:
+        translator = export.Translator(model, spm_path, max_length)
+        path = export.export(translator, os.path.join(work_dir, "saved_models", "model"))
+        decoders["saved_model"] = lines_translator(
+            tf.saved_model.load(path).signatures["translate"]
+        )
+    if "ctranslate2" in names:
+        try:
+            from pipelines.ctranslate2_export import CTranslate2Translator, convert
+        except ImportError:
+            print("CTranslate2 not installed: skipping it", file=sys.stderr)
+        else:
+            path = convert(model, spm_path, os.path.join(work_dir, "ct2"), max_length)
+            ct2 = CTranslate2Translator(path, threads=os.cpu_count() or 1)
+            # CTranslate2's length penalty differs from GNMT's (see its module).
+            decoders["ctranslate2"] = lambda s, beam, alpha: ct2.translate(s, beam, alpha)[0]
+    return decoders
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="a training output folder")
+    parser.add_argument("--multi30k-dir", help="reads test_2016_flickr.{en,de}.gz from here")
+    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
+    parser.add_argument("--reference", help="reference translations, aligned with --source")
+    parser.add_argument("--sentences", type=int, help="use only the first N sentences")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
+    parser.add_argument("--output", default=os.path.join(RESULTS, "decoding.json"))
+    args = parser.parse_args(argv)
+
+    import json
+
+    import sacrebleu
+    import sentencepiece
+
+    from pipelines.corpus import read_lines
+
+    if args.multi30k_dir:
+        args.source = args.source or os.path.join(args.multi30k_dir, "test_2016_flickr.en.gz")
+        args.reference = args.reference or os.path.join(args.multi30k_dir, "test_2016_flickr.de.gz")
+    if not args.source or not args.reference:
+        parser.error("give --multi30k-dir, or --source and --reference")
+    sources, references = read_lines(args.source), read_lines(args.reference)
+    if args.sentences:
+        sources, references = sources[: args.sentences], references[: args.sentences]
+    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
+        max_length = json.load(handle)["max_length"]
+    pieces = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(args.run_dir, "sentencepiece.model")
+    )
+
+    with tempfile.TemporaryDirectory() as work_dir:
+        decoders = build_decoders(args.run_dir, max_length, work_dir, args.decoders)
+        cases = [(name, beam) for beam in args.beams for name in decoders]
+        for name, beam in cases:  # tracing and loading, not timed
+            # Two batch shapes: the second trace is the shape-generic one.
+            decoders[name](sources[:8], beam, args.alpha)
+            decoders[name](sources[8:13], beam, args.alpha)
+        seconds = {case: [] for case in cases}
+        outputs = {}
+        for repeat in range(args.repeats):
+            for name, beam in cases:
+                started = time.perf_counter()
+                outputs[name, beam] = decoders[name](sources, beam, args.alpha)
+                seconds[name, beam].append(time.perf_counter() - started)
+                print(f"repeat {repeat}: {name} beam {beam}: "
+                      f"{seconds[name, beam][-1]:.1f} s", flush=True)  # fmt: skip
+
+    rows, results = [], {}
+    for name, beam in cases:
+        elapsed = median(seconds[name, beam])
+        hypotheses = outputs[name, beam]
+        tokens = sum(len(p) + 1 for p in pieces.encode(hypotheses))  # + EOS
+        key = f"{name}_beam{beam}"
+        results[key] = {
+            "decoder": name,
+            "beam_size": beam,
+            "seconds": seconds[name, beam],
+            "median_seconds": round(elapsed, 3),
+            "sentences_per_second": round(len(sources) / elapsed, 2),
+            "target_tokens_per_second": round(tokens / elapsed, 1),
+            "bleu": round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2),
+        }
+        rows.append([name, beam, results[key]["sentences_per_second"],
+                     results[key]["target_tokens_per_second"], results[key]["bleu"]])  # fmt: skip
+
+    def ratio(fast, slow):
+        if fast in results and slow in results:
+            return round(results[slow]["median_seconds"] / results[fast]["median_seconds"], 2)
+        return None
+
+    ratios = {}
+    for beam in args.beams:
+        ratios[f"cached_over_uncached_beam{beam}"] = ratio(
+            f"cached_beam{beam}", f"uncached_beam{beam}"
+        )
+        # > 1: CTranslate2 is faster. The target is at most 2.
+        ratios[f"ctranslate2_over_saved_model_beam{beam}"] = ratio(
+            f"ctranslate2_beam{beam}", f"saved_model_beam{beam}"
+        )
+        ct2, ours = f"ctranslate2_beam{beam}", f"saved_model_beam{beam}"
+        if ct2 in results and ours in results:
+            pairs = zip(outputs["ctranslate2", beam], outputs["saved_model", beam], strict=True)
+            same = sum(a == b for a, b in pairs)
+            ratios[f"ctranslate2_identical_to_saved_model_beam{beam}"] = round(
+                same / len(sources), 4
+            )
+    write_result(
+        {
+            "benchmark": "decoding",
+            "command": "python benchmarks/decoding.py " + " ".join(argv or sys.argv[1:]),
+            "run_dir": os.path.abspath(args.run_dir),
+            "source": os.path.abspath(args.source),
+            "sentences": len(sources),
+            "repeats": args.repeats,
+            "alpha": args.alpha,
+            "batch_size": 64,
+            "results": results,
+            "ratios": ratios,
+        },
+        args.output,
+    )
+    print(table(["decoder", "beam", "sentences/s", "target tokens/s", "BLEU"], rows))
+    for key, value in ratios.items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The Multi30k recipe end to end: train, export, translate test_2016_flickr, score.
+
+Usage:
+    python benchmarks/multi30k_recipe.py --multi30k-dir ../shared/data/multi30k \
+        --output-dir runs/multi30k [--skip-training]
+
+Runs the product's own commands, each in a fresh process:
+    python -m pipelines.train --recipe multi30k --multi30k-dir D --output-dir R
+    python -m pipelines.export --run-dir R --base R/saved_models --name multi30k
+    python -m pipelines.translate --model R/saved_models/multi30k --input test.en ...
+    python -m pipelines.evaluate (cased, then --lowercase)
+Training runs with TF_ENABLE_ONEDNN_OPTS=1 (as `make train`) and is timed;
+with --skip-training an existing run is scored and its time is read from its
+result.json (or given with --training-seconds). Translation is the
+SavedModel's beam search (beam 4, alpha 0.6). Writes
+benchmarks/results/multi30k_recipe.json and prints the scores.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from benchmarks.common import RESULTS, ROOT, write_result  # noqa: E402
+from pipelines.corpus import read_lines  # noqa: E402
+
+
+def _run(arguments, env):
+    print("$ python " + " ".join(arguments), flush=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, *arguments], cwd=ROOT, env=env, check=True)
+    return round(time.perf_counter() - started, 1)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--multi30k-dir", required=True)
+    parser.add_argument("--output-dir", default="runs/multi30k")
+    parser.add_argument("--skip-training", action="store_true", help="score an existing run")
+    parser.add_argument("--training-seconds", type=float, help="with --skip-training")
+    parser.add_argument("--set", action="append", default=[], help="training --set overrides")
+    parser.add_argument("--test-sentences", type=int, help="score only the first N (smoke runs)")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--output", default=os.path.join(RESULTS, "multi30k_recipe.json"))
+    args = parser.parse_args(argv)
+
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    run = os.path.abspath(args.output_dir)
+    multi30k = os.path.abspath(args.multi30k_dir)
+    seconds = {}
+    if not args.skip_training:
+        overrides = [item for value in args.set for item in ("--set", value)]
+        seconds["training"] = _run(
+            ["-m", "pipelines.train", "--recipe", "multi30k", "--multi30k-dir", multi30k,
+             "--output-dir", run, *overrides],
+            env,
+        )  # fmt: skip
+    else:
+        with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
+            seconds["training"] = args.training_seconds or json.load(handle).get("seconds")
+    with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
+        trained = json.load(handle)
+
+    scratch = os.path.join(run, "test_2016_flickr")
+    os.makedirs(scratch, exist_ok=True)
+    files = {}
+    for language in ("en", "de"):
+        files[language] = os.path.join(scratch, f"test_2016_flickr.{language}")
+        lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{language}.gz"))
+        with open(files[language], "w", encoding="utf-8") as handle:
+            handle.writelines(f"{line}\n" for line in lines[: args.test_sentences])
+    base = os.path.join(run, "saved_models")
+    seconds["export"] = _run(
+        ["-m", "pipelines.export", "--run-dir", run, "--base", base, "--name", "multi30k"], env
+    )
+    hypotheses = os.path.join(scratch, "translation.de")
+    seconds["translate"] = _run(
+        ["-m", "pipelines.translate", "--model", os.path.join(base, "multi30k"),
+         "--input", files["en"], "--output", hypotheses,
+         "--beam-size", str(args.beam_size), "--alpha", str(args.alpha)],
+        env,
+    )  # fmt: skip
+    scores = {}
+    for case, flags in (("cased", []), ("lowercased", ["--lowercase"])):
+        path = os.path.join(scratch, f"scores.{case}.json")
+        _run(
+            ["-m", "pipelines.evaluate", "--hypotheses", hypotheses,
+             "--references", files["de"], "--output", path, *flags],
+            env,
+        )  # fmt: skip
+        with open(path, encoding="utf-8") as handle:
+            scores[case] = json.load(handle)
+    result = write_result(
+        {
+            "benchmark": "multi30k_recipe",
+            "command": "python benchmarks/multi30k_recipe.py " + " ".join(argv or sys.argv[1:]),
+            "run_dir": run,
+            "steps": trained.get("steps"),
+            "seconds": seconds,
+            "training_minutes": round(seconds["training"] / 60, 1) if seconds["training"] else None,
+            "test_sentences": len(lines[: args.test_sentences]),
+            "beam_size": args.beam_size,
+            "alpha": args.alpha,
+            "test_2016_flickr": scores,
+            "greedy_bleu_from_training": trained.get("greedy_bleu"),
+        },
+        args.output,
+    )
+    print(
+        f"test_2016_flickr BLEU {scores['cased']['bleu']:.2f} cased, "
+        f"{scores['lowercased']['bleu']:.2f} lowercased; "
+        f"training {result['training_minutes']} min"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

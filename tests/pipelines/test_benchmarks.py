@@ -1,0 +1,104 @@
+"""Benchmark smoke runs: a few steps each, checking the JSON they write, not the timings."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import decoding, multi30k_recipe, pipeline_efficiency, training_throughput
+from tests.pipelines.conftest import tiny_translation_model
+
+
+def read(path):
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    assert result["machine"]["cpus"] >= 1 and result["machine"]["date"]
+    return result
+
+
+def test_pipeline_efficiency_smoke(multi30k_dir, tmp_path):
+    output = tmp_path / "pipeline.json"
+    argv = ["--multi30k-dir", multi30k_dir, "--sentences", "400", "--repeats", "1",
+            "--vocabulary-size", "400", "--output", str(output)]  # fmt: skip
+    assert pipeline_efficiency.main(argv) == 0
+    results = read(output)["results"]
+    for name in ("bucketed", "fixed_longest", "fixed_keras_io"):
+        assert 0 < results[name]["padding_efficiency"] <= 1
+        assert results[name]["examples"] == 400
+        assert results[name]["real_tokens_per_second"] > 0
+    # Lossless pipelines keep every token; the fixed length of 20 cuts some.
+    assert results["bucketed"]["real_tokens"] == results["fixed_longest"]["real_tokens"]
+    assert results["fixed_keras_io"]["truncated_tokens"] > 0
+    assert (
+        results["bucketed"]["padding_efficiency"] > results["fixed_longest"]["padding_efficiency"]
+    )
+
+
+def test_training_throughput_smoke(multi30k_dir, tmp_path):
+    output = tmp_path / "training.json"
+    argv = ["--multi30k-dir", multi30k_dir, "--sentences", "600", "--batches", "3",
+            "--repeats", "2", "--batch-tokens", "256", "--vocabulary-size", "300",
+            "--num-layers", "1", "--hidden-dim", "16", "--intermediate-dim", "32",
+            "--num-heads", "2", "--matmul-sizes", "64", "--output", str(output)]  # fmt: skip
+    assert training_throughput.main(argv) == 0
+    result = read(output)
+    ours, hub = result["results"]["ours"], result["results"]["keras_hub"]
+    assert ours["parameters"] == hub["parameters"]  # the same model size
+    for entry in (ours, hub):
+        assert len(entry["seconds_per_pass"]) == 2 and entry["tokens_per_second"] > 0
+        assert entry["mfu"] > 0 and entry["model_flops_per_second"] > 0
+    assert result["speedup_over_keras_hub"] > 0 and result["flops_per_pass"] > 0
+
+
+def test_model_flops_match_the_models_weights():
+    """One source and one target token: 6 x (kernel weights + output layer), plus attention."""
+    layers, d, f, v = 2, 8, 16, 10
+    model = training_throughput.our_transformer(v, layers, d, f, 2, 0.0)
+    kernels = sum(int(np.prod(w.shape)) for w in model.weights if w.path.endswith("kernel"))
+    batch = np.array([[5, 0]]), np.array([[2, 0]]), None
+    flops = training_throughput.model_flops(batch, layers, d, f, v)
+    # Attention scores and values: encoder self, decoder self and cross, 2 x d each.
+    attention = layers * 3 * 2 * d
+    assert flops == 6 * (kernels + d * v + attention)
+
+
+def test_decoding_smoke(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    model, spm_path = tiny_translation_model(
+        run, 120, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2
+    )
+    model.save(run / "model.keras")
+    (run / "config.json").write_text(json.dumps({"max_length": 16}))
+    sentences = ["Monday, March 3, 2014", "4:08 PM", "12.5%", "84°C"] * 4
+    (tmp_path / "source").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (tmp_path / "reference").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    output = tmp_path / "decoding.json"
+    argv = ["--run-dir", str(run), "--source", str(tmp_path / "source"),
+            "--reference", str(tmp_path / "reference"), "--repeats", "1",
+            "--beams", "1", "2", "--output", str(output)]  # fmt: skip
+    assert decoding.main(argv) == 0
+    result = read(output)
+    decoders = ["cached", "uncached", "saved_model", "ctranslate2"]
+    assert set(result["results"]) == {f"{d}_beam{b}" for d in decoders for b in (1, 2)}
+    for entry in result["results"].values():
+        assert entry["sentences_per_second"] > 0 and 0 <= entry["bleu"] <= 100
+    ratios = result["ratios"]
+    assert ratios["cached_over_uncached_beam2"] > 0
+    assert 0 <= ratios["ctranslate2_identical_to_saved_model_beam1"] <= 1
+
+
+@pytest.mark.slow
+def test_multi30k_recipe_smoke(multi30k_dir, tmp_path):
+    output = tmp_path / "recipe.json"
+    argv = ["--multi30k-dir", multi30k_dir, "--output-dir", str(tmp_path / "run"),
+            "--set", "steps=4", "--set", "steps_per_epoch=2", "--set", "vocabulary_size=500",
+            "--set", "model.num_layers=1", "--set", "model.hidden_dim=16",
+            "--set", "model.intermediate_dim=32", "--set", "model.num_heads=2",
+            "--test-sentences", "20", "--beam-size", "2", "--output", str(output)]  # fmt: skip
+    assert multi30k_recipe.main(argv) == 0
+    result = read(output)
+    assert result["steps"] == 4 and result["seconds"]["training"] > 0
+    for case in ("cased", "lowercased"):
+        assert result["test_2016_flickr"][case]["sentences"] == 20
+    assert "case:lc" in result["test_2016_flickr"]["lowercased"]["bleu_signature"]

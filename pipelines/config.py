@@ -228,3 +228,19 @@ def run_files(args):
                 f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
             )
     return model_path, spm_path
+
+
+def max_source_length(args):
+    """`--max-source-length`, else the run's `max_length` from RUN_DIR/config.json.
+
+    Raises:
+        ConfigError: when neither gives a length of at least 2.
+    """
+    length = args.max_source_length
+    config_path = os.path.join(args.run_dir or "", "config.json")
+    if length is None and os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as handle:
+            length = json.load(handle)["max_length"]
+    if not length or length < 2:
+        raise ConfigError(f"--max-source-length must be at least 2. Received: {length}")
+    return length

@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from pipelines.config import ConfigError, add_run_arguments, run_files
+from pipelines.config import ConfigError, add_run_arguments, max_source_length, run_files
 from pipelines.corpus import DataError
 
 _ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
@@ -271,12 +271,7 @@ def main(argv=None):
 
     try:
         model_path, spm_path = run_files(args)
-        max_length = args.max_source_length
-        config_path = os.path.join(args.run_dir or "", "config.json")
-        if max_length is None and os.path.isfile(config_path):
-            with open(config_path, encoding="utf-8") as handle:
-                max_length = json.load(handle)["max_length"]
-        max_length = max_length or 128
+        max_length = max_source_length(args)
         model = keras.saving.load_model(model_path)
         output = convert(
             model, spm_path, args.output, max_length, args.quantization, force=args.force

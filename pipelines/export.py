@@ -22,7 +22,6 @@ replaced by U+FFFD before tokenization.
 """
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -33,7 +32,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding import beam_search
-from pipelines.config import ConfigError, add_run_arguments, run_files
+from pipelines.config import ConfigError, add_run_arguments, max_source_length, run_files
 from pipelines.corpus import DataError
 from pipelines.tokenizer import decode_targets, encode_sources
 from pipelines.translate import saved_versions
@@ -181,14 +180,7 @@ def _parse(argv):
 
 def _resolve(args):
     model_path, spm_path = run_files(args)
-    run_dir = args.run_dir or ""
-    max_length = args.max_source_length
-    config_path = os.path.join(run_dir, "config.json")
-    if max_length is None and os.path.isfile(config_path):
-        with open(config_path, encoding="utf-8") as handle:
-            max_length = json.load(handle)["max_length"]
-    if not max_length or max_length < 2:
-        raise DataError(f"--max-source-length must be at least 2. Received: {max_length}")
+    max_length = max_source_length(args)
     if not 1 <= args.nbest <= args.beam_size:
         raise DataError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
     return model_path, spm_path, max_length

@@ -38,18 +38,15 @@ def fixed_length_dataset(pairs, tok, length, batch_size):
     from pipelines.batching import tokenize_pairs
 
     def pad(example):
-        source = example["source"][:length]
-        target = example["target"][: length + 1]
-        return (
-            tf.pad(source, [[0, length - tf.shape(source)[0]]]),
-            tf.pad(target, [[0, length + 1 - tf.shape(target)[0]]]),
-        )
+        target = example["target"]  # BOS + pieces + EOS
+        sides = example["source"], target[:-1], target[1:]
+        return tuple(tf.pad(x[:length], [[0, length - tf.shape(x[:length])[0]]]) for x in sides)
 
     sources = [s for s, _ in pairs]
     targets = [t for _, t in pairs]
     dataset = tf.data.Dataset.from_tensor_slices((sources, targets)).apply(tokenize_pairs(tok))
     dataset = dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
-    return dataset.map(lambda s, t: ((s, t[:, :-1]), t[:, 1:])).prefetch(tf.data.AUTOTUNE)
+    return dataset.map(lambda s, t_in, t_out: ((s, t_in), t_out)).prefetch(tf.data.AUTOTUNE)
 
 
 def measure(dataset):
@@ -58,10 +55,12 @@ def measure(dataset):
 
     real = padded = examples = 0
     started = time.perf_counter()
-    for (source, target_in), _ in dataset:
-        source, target_in = source.numpy(), target_in.numpy()
-        real += int(np.sum(source != 0) + np.sum(target_in != 0))
-        padded += source.size + target_in.size
+    # Labels, not decoder inputs: a padded batch's decoder inputs keep the EOS
+    # of every target but the longest, in positions whose labels are padding.
+    for (source, _), labels in dataset:
+        source, labels = source.numpy(), labels.numpy()
+        real += int(np.sum(source != 0) + np.sum(labels != 0))
+        padded += source.size + labels.size
         examples += source.shape[0]
     return real, padded, examples, time.perf_counter() - started
 

@@ -254,11 +254,13 @@ def padding_efficiency(dataset, max_batches=None):
         `examples`, and `max_batch_tokens` (the largest side of any batch).
     """
     real = padded = batches = examples = largest = 0
-    for (source, target_in), _ in dataset.take(max_batches or -1):
-        source, target_in = source.numpy(), target_in.numpy()
-        real += int(np.sum(source != PAD_ID) + np.sum(target_in != PAD_ID))
-        padded += source.size + target_in.size
-        largest = max(largest, source.size, target_in.size)
+    # Real target tokens are counted on the labels: the decoder inputs of a
+    # padded batch keep the EOS of every target but the longest.
+    for (source, _), labels in dataset.take(max_batches or -1):
+        source, labels = source.numpy(), labels.numpy()
+        real += int(np.sum(source != PAD_ID) + np.sum(labels != PAD_ID))
+        padded += source.size + labels.size
+        largest = max(largest, source.size, labels.size)
         batches += 1
         examples += source.shape[0]
     return {

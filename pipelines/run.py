@@ -15,7 +15,7 @@ from pipelines import batching, corpus, default_corpus, tokenizer
 from pipelines.average import average_checkpoints
 from pipelines.config import ConfigError
 from pipelines.evaluation import bleu, translate
-from pipelines.trainer import Trainer
+from pipelines.trainer import TimeBudget, Trainer
 
 logger = logging.getLogger("pipelines.train")
 
@@ -113,7 +113,7 @@ def _load_json(path):
         json.load(handle)
 
 
-def _callbacks(config, out_dir, is_chief):
+def _callbacks(config, out_dir, is_chief, started):
     backup_dir = os.path.join(out_dir, "backup")
     if os.path.isdir(backup_dir):
         _repair_backup(backup_dir)
@@ -130,6 +130,8 @@ def _callbacks(config, out_dir, is_chief):
             ),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
+    if config.max_minutes:
+        callbacks.append(TimeBudget(config.max_minutes, started))
     if config.early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(
@@ -233,7 +235,7 @@ def run_training(config):
         train_data,
         steps=config.steps,
         steps_per_epoch=config.steps_per_epoch,
-        callbacks=_callbacks(config, out_dir, worker == 0),
+        callbacks=_callbacks(config, out_dir, worker == 0, started),
         validation_data=validation_data,
         verbose=1 if worker == 0 else 0,
     )

@@ -58,6 +58,9 @@ def parse_args(argv):
     parser.add_argument("--backup-every", type=int, help="steps between backups")
     parser.add_argument("--early-stopping-patience", type=int)
     parser.add_argument("--average-last", type=int, help="average the last N epoch checkpoints")
+    parser.add_argument(
+        "--max-minutes", type=float, help="stop after the last epoch that fits in this time"
+    )
     parser.add_argument("--seed", type=int)
     parser.add_argument(
         "--set",

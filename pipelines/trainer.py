@@ -273,3 +273,39 @@ class Trainer:
                 break
         callbacks.on_train_end(logs)
         return self.model.history
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops training after the last epoch that fits in a wall-clock budget.
+
+    At the end of each epoch, training stops when another epoch as long as the
+    one just finished would end past the budget; the epoch's checkpoint is
+    still written (stopping happens after the other callbacks' `on_epoch_end`).
+
+    Args:
+        minutes: float, the budget, counted from `started`.
+        started: float or None, a `time.perf_counter()` reading; defaults to
+            when training begins.
+    """
+
+    def __init__(self, minutes, started=None):
+        super().__init__()
+        self.seconds = 60.0 * minutes
+        self.started = started
+        self.stopped_epoch = None
+
+    def on_train_begin(self, logs=None):
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        now = time.perf_counter()
+        if now - self.started + (now - self._epoch_started) > self.seconds:
+            logger.info(
+                "Time budget of %.1f minutes: stopping after epoch %d", self.seconds / 60, epoch + 1
+            )
+            self.stopped_epoch = epoch
+            self.model.stop_training = True

@@ -41,6 +41,9 @@ def main(export_dir, inputs_path):
     alone = [call([text])[0][0] for text in inputs]
     best = nbest(inputs=tf.constant(inputs, tf.string))
     empty = serve(inputs=tf.constant([], tf.string))["translations"].shape[0]
+    greedy = loaded.signatures["translate"](
+        inputs=tf.constant(inputs, tf.string), beam_size=tf.constant(1), alpha=tf.constant(0.6)
+    )
 
     # Eight threads call the signature at once, each on its own slice of inputs.
     batches = [inputs[i:] + inputs[:i] for i in range(8)]
@@ -66,6 +69,8 @@ def main(export_dir, inputs_path):
             "nbest": [[t.decode("utf-8") for t in row] for row in best["translations"].numpy()],
             "nbest_scores": best["scores"].numpy().tolist(),
             "empty_batch_rows": empty,
+            "greedy": [t.decode("utf-8") for t in greedy["translations"].numpy()],
+            "greedy_scores": greedy["scores"].numpy().tolist(),
             "threads_equal_sequential": threaded == sequential,
             "asset": loaded.sentencepiece_model.asset_path.numpy().decode(),
             "modules": sorted(

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from keras_transformer import beam_search
+from keras_transformer import beam_search, greedy_search
 from pipelines import export
 from pipelines.corpus import DataError
 from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources
@@ -88,6 +88,21 @@ def test_fresh_process_serves_the_keras_beam_search(exported, served):
         np.testing.assert_allclose(served["scores"][index], expected_scores[row, 0], rtol=1e-4)
         np.testing.assert_allclose(served["nbest_scores"][index], expected_scores[row], rtol=1e-4)
     assert np.all(np.diff(np.array(served["nbest_scores"]), axis=1) <= 0)
+
+
+def test_translate_signature_with_beam_1_is_greedy_search(exported, served):
+    translator, model, _, _ = exported
+    real = [0, 1, 4, 6]
+
+    @tf.function
+    def greedy(sentences):
+        source = encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
+        tokens, scores = greedy_search(model, source, alpha=0.6, return_scores=True)
+        return decode_targets(translator.tokenizer, tokens, EOS_ID), scores
+
+    texts, scores = greedy(tf.constant([INPUTS[i] for i in real]))
+    assert [served["greedy"][i] for i in real] == [t.decode() for t in texts.numpy()]
+    np.testing.assert_allclose([served["greedy_scores"][i] for i in real], scores, rtol=1e-4)
 
 
 def test_bad_input_gives_one_output_per_input_in_order(exported, served):

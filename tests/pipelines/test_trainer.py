@@ -1,3 +1,5 @@
+import time
+
 import keras
 import numpy as np
 import pytest
@@ -5,7 +7,7 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from pipelines.run import make_strategy
-from pipelines.trainer import Trainer
+from pipelines.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus
 
 # Mirrored tests share the process's one strategy (see make_strategy).
@@ -129,3 +131,23 @@ def test_adam_steps_and_callbacks_progress():
     assert set(history.history) >= {"accuracy", "learning_rate", "val_loss", "val_accuracy"}
     with pytest.raises(ValueError, match="accumulation_steps must be >= 1"):
         Trainer(model, optimizer, strategy, accumulation_steps=0)
+
+
+@pytest.mark.parametrize("spent_minutes, epochs", [(0.0, 3), (10.0, 1)])
+def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs, tmp_path):
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = kt.Transformer(30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2)
+        model.build(((None, None), (None, None)))
+        optimizer = keras.optimizers.Adam(1e-2)
+    # A 10-minute budget with `spent_minutes` already gone before training began.
+    budget = TimeBudget(10.0, started=time.perf_counter() - 60 * spent_minutes)
+    checkpoints = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))
+    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
+    history = Trainer(model, optimizer, strategy).fit(
+        data, steps=6, steps_per_epoch=2, callbacks=[checkpoints, budget], verbose=0
+    )
+    assert len(history.history["loss"]) == epochs
+    assert int(optimizer.iterations.numpy()) == 2 * epochs
+    assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"epoch-{epochs}.keras"
+    assert budget.stopped_epoch == (0 if spent_minutes else None)

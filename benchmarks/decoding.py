@@ -99,57 +99,9 @@ def build_decoders(run_dir, max_length, work_dir, names):
     return decoders
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True, help="a training output folder")
-    parser.add_argument("--multi30k-dir", help="reads test_2016_flickr.{en,de}.gz from here")
-    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
-    parser.add_argument("--reference", help="reference translations, aligned with --source")
-    parser.add_argument("--sentences", type=int, help="use only the first N sentences")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
-    parser.add_argument("--output", default=os.path.join(RESULTS, "decoding.json"))
-    args = parser.parse_args(argv)
-
-    import json
-
+def summarize(args, argv, cases, seconds, outputs, sources, references, pieces):
+    """Results and ratios from the repeats run so far; writes the JSON."""
     import sacrebleu
-    import sentencepiece
-
-    from pipelines.corpus import read_lines
-
-    if args.multi30k_dir:
-        args.source = args.source or os.path.join(args.multi30k_dir, "test_2016_flickr.en.gz")
-        args.reference = args.reference or os.path.join(args.multi30k_dir, "test_2016_flickr.de.gz")
-    if not args.source or not args.reference:
-        parser.error("give --multi30k-dir, or --source and --reference")
-    sources, references = read_lines(args.source), read_lines(args.reference)
-    if args.sentences:
-        sources, references = sources[: args.sentences], references[: args.sentences]
-    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
-    pieces = sentencepiece.SentencePieceProcessor(
-        model_file=os.path.join(args.run_dir, "sentencepiece.model")
-    )
-
-    with tempfile.TemporaryDirectory() as work_dir:
-        decoders = build_decoders(args.run_dir, max_length, work_dir, args.decoders)
-        cases = [(name, beam) for beam in args.beams for name in decoders]
-        for name, beam in cases:  # tracing and loading, not timed
-            # Two batch shapes: the second trace is the shape-generic one.
-            decoders[name](sources[:8], beam, args.alpha)
-            decoders[name](sources[8:13], beam, args.alpha)
-        seconds = {case: [] for case in cases}
-        outputs = {}
-        for repeat in range(args.repeats):
-            for name, beam in cases:
-                started = time.perf_counter()
-                outputs[name, beam] = decoders[name](sources, beam, args.alpha)
-                seconds[name, beam].append(time.perf_counter() - started)
-                print(f"repeat {repeat}: {name} beam {beam}: "
-                      f"{seconds[name, beam][-1]:.1f} s", flush=True)  # fmt: skip
 
     rows, results = [], {}
     for name, beam in cases:
@@ -198,6 +150,7 @@ def main(argv=None):
             "source": os.path.abspath(args.source),
             "sentences": len(sources),
             "repeats": args.repeats,
+            "repeats_completed": min(len(s) for s in seconds.values()),
             "alpha": args.alpha,
             "batch_size": 64,
             "results": results,
@@ -205,6 +158,63 @@ def main(argv=None):
         },
         args.output,
     )
+    return rows, ratios
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="a training output folder")
+    parser.add_argument("--multi30k-dir", help="reads test_2016_flickr.{en,de}.gz from here")
+    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
+    parser.add_argument("--reference", help="reference translations, aligned with --source")
+    parser.add_argument("--sentences", type=int, help="use only the first N sentences")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
+    parser.add_argument("--output", default=os.path.join(RESULTS, "decoding.json"))
+    args = parser.parse_args(argv)
+
+    import json
+
+    import sentencepiece
+
+    from pipelines.corpus import read_lines
+
+    if args.multi30k_dir:
+        args.source = args.source or os.path.join(args.multi30k_dir, "test_2016_flickr.en.gz")
+        args.reference = args.reference or os.path.join(args.multi30k_dir, "test_2016_flickr.de.gz")
+    if not args.source or not args.reference:
+        parser.error("give --multi30k-dir, or --source and --reference")
+    sources, references = read_lines(args.source), read_lines(args.reference)
+    if args.sentences:
+        sources, references = sources[: args.sentences], references[: args.sentences]
+    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
+        max_length = json.load(handle)["max_length"]
+    pieces = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(args.run_dir, "sentencepiece.model")
+    )
+
+    with tempfile.TemporaryDirectory() as work_dir:
+        decoders = build_decoders(args.run_dir, max_length, work_dir, args.decoders)
+        cases = [(name, beam) for beam in args.beams for name in decoders]
+        for name, beam in cases:  # tracing and loading, not timed
+            # Two batch shapes: the second trace is the shape-generic one.
+            decoders[name](sources[:8], beam, args.alpha)
+            decoders[name](sources[8:13], beam, args.alpha)
+        seconds = {case: [] for case in cases}
+        outputs = {}
+        for repeat in range(args.repeats):
+            for name, beam in cases:
+                started = time.perf_counter()
+                outputs[name, beam] = decoders[name](sources, beam, args.alpha)
+                seconds[name, beam].append(time.perf_counter() - started)
+                print(f"repeat {repeat}: {name} beam {beam}: "
+                      f"{seconds[name, beam][-1]:.1f} s", flush=True)  # fmt: skip
+            # Written after every repeat, so a stopped run keeps what it measured.
+            summarize(args, argv, cases, seconds, outputs, sources, references, pieces)
+
+    rows, ratios = summarize(args, argv, cases, seconds, outputs, sources, references, pieces)
     print(table(["decoder", "beam", "sentences/s", "target tokens/s", "BLEU"], rows))
     for key, value in ratios.items():
         print(f"{key}: {value}")

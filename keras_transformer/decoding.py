@@ -1,12 +1,22 @@
-"""Greedy and beam search (section 6.1) on `ops.while_loop`, with the decoder's cache.
+"""Greedy and beam search (section 6.1) on `ops.while_loop`.
 
-Both decoders run a whole batch at once and stop early once every sentence has
-finished. Each sentence may produce at most its own source length plus
-`extra_length` tokens (50 in the paper), so padding a batch changes no result.
-With `use_cache=True` (the default) every step runs the decoder on one position
-and reads earlier keys and values from a fixed-shape cache; `use_cache=False`
-recomputes the whole prefix at every step instead, the slow reference the
-cached decoders are checked and measured against.
+Both searches run a whole batch at once and step a decoder through the
+interface `Transformer.start_decoding` / `Transformer.decoding_step`. Each
+sentence may produce at most its own source length plus `extra_length` tokens
+(50 in the paper), so padding a batch changes no result.
+
+How the decoder state is carried depends on `static_shapes`:
+- dynamic shapes (the default on TensorFlow and PyTorch): self-attention caches
+  grow by one position a step, and a sentence that is done leaves the batch,
+  so a step costs what its live hypotheses need;
+- static shapes (the default on JAX, whose `jit` needs them): caches are
+  fixed-size buffers as long as the longest output, and finished rows ride
+  along, masked, until the whole batch is done.
+Both give the same results (tested).
+
+With `use_cache=False` every step recomputes the whole prefix instead
+(`RecomputedSteps`), the slow reference the cached decoders are checked and
+measured against.
 
 Hypotheses are scored by their log-probability divided by the GNMT length
 penalty `((5 + |Y|) / 6) ** alpha` (Wu et al., 2016), where `|Y|` counts the
@@ -38,82 +48,116 @@ def length_penalty(length, alpha):
     return ops.power((5.0 + length) / 6.0, alpha)
 
 
-def _source_limits(model, source_ids, max_length, extra_length):
-    """Per-sentence `(B,)` limits and the width `T` of the output buffer.
+class CachedSteps:
+    """The model's own incremental decoding: key/value caches, one position a step."""
 
-    The buffer is as wide as the longest possible output, `S + extra_length`
-    for a padded width `S`, so its shape is static wherever `S` is (as under
-    `jax.jit`); each sentence still stops at its own limit.
-    """
-    if max_length is not None:
-        limits = ops.full((ops.shape(source_ids)[0],), max_length, dtype="int32")
-        return limits, max_length
-    lengths = ops.sum(ops.cast(model.padding_mask(source_ids), "int32"), axis=1)  # (B,)
-    return lengths + extra_length, ops.shape(source_ids)[1] + extra_length
-
-
-class _Stepper:
-    """Log-probabilities of the next token, with or without the cache."""
-
-    def __init__(self, model, source_ids, copies, buffer_length, use_cache):
+    def __init__(self, model):
         self.model = model
-        self.use_cache = use_cache
-        encoder_outputs, source_mask = model.encode(source_ids)
-        if use_cache:
-            cross = model.decoder.compute_cross_attention_cache(encoder_outputs)
-            self.cross_cache = ops.repeat(cross, copies, axis=0)  # (B * C, L, 2, S, H, K)
-        self.encoder_outputs = ops.repeat(encoder_outputs, copies, axis=0)  # (B * C, S, D)
-        self.source_mask = ops.repeat(source_mask, copies, axis=0)  # (B * C, S)
-        rows = ops.shape(source_ids)[0] * copies
-        if use_cache:
-            self.initial_state = model.decoder.initial_cache(rows, buffer_length)
-        else:  # Nothing to carry; a zero-size tensor keeps the loop's structure.
-            self.initial_state = ops.zeros((rows, 0), dtype="float32")
 
-    def __call__(self, tokens, index, state):
-        """`tokens` int `(R, 1 + T)`, `index` int scalar -> `(R, V)` log-probs, state."""
-        rows = ops.shape(tokens)[0]
-        if self.use_cache:
-            step_ids = ops.slice(tokens, [0, index], [rows, 1])  # (R, 1)
-            logits, state = self.model.decode(
-                step_ids,
-                self.encoder_outputs,
-                self.source_mask,
-                self_attention_cache=state,
-                cache_update_index=index,
-                cross_attention_cache=self.cross_cache,
-            )  # (R, 1, V)
-            logits = logits[:, 0]
-        elif keras.backend.backend() == "jax":
-            # XLA needs static shapes: run the whole buffer, read one position.
-            logits = self.model.decode(tokens, self.encoder_outputs, self.source_mask)
-            logits = ops.slice(logits, [0, index, 0], [rows, 1, ops.shape(logits)[2]])[:, 0]
+    def start(self, source_ids, max_length):
+        return self.model.start_decoding(source_ids, max_length)
+
+    def step(self, token_ids, state, index):
+        return self.model.decoding_step(token_ids, state, index)
+
+
+class RecomputedSteps:
+    """The reference decoder: runs the whole prefix through the model every step.
+
+    Its state is the encoder output and the prefix decoded so far, a growing
+    `(R, t)` tensor, or with `index` a fixed `(R, max_length)` buffer of which
+    the decoder runs every position and the step reads one.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, source_ids, max_length):
+        encoder_outputs, padding_mask = self.model.encode(source_ids)
+        rows = ops.shape(source_ids)[0]
+        prefix = ops.full((rows, max_length), self.model.pad_id, dtype="int32")
+        return {
+            "source": {"encoder_outputs": encoder_outputs, "padding_mask": padding_mask},
+            "target": {"prefix": prefix},
+        }
+
+    def step(self, token_ids, state, index):
+        source, prefix = state["source"], state["target"]["prefix"]
+        if index is None:
+            prefix = ops.concatenate([prefix, token_ids[:, None]], axis=1)  # (R, t + 1)
+            position = ops.shape(prefix)[1] - 1
         else:
-            prefix = ops.slice(tokens, [0, 0], [rows, index + 1])  # (R, index + 1)
-            logits = self.model.decode(prefix, self.encoder_outputs, self.source_mask)[:, -1]
-        log_probs = ops.log_softmax(logits, axis=-1)  # (R, V)
-        ids = ops.arange(ops.shape(log_probs)[-1])
-        banned = ops.equal(ids, self.model.pad_id) | ops.equal(ids, self.model.bos_id)  # (V,)
-        return ops.where(banned, _IMPOSSIBLE, log_probs), state
+            prefix = _write_column(prefix, index, token_ids)  # (R, max_length)
+            position = index
+        logits = self.model.decode(prefix, source["encoder_outputs"], source["padding_mask"])
+        logits = ops.take(logits, position, axis=1)  # (R, V)
+        log_probs = ops.log_softmax(logits, axis=-1)
+        return log_probs, {"source": source, "target": {"prefix": prefix}}
+
+
+def _take(tree, rows):
+    """Rows `(R',)` of every tensor in a nested structure."""
+    return keras.tree.map_structure(lambda tensor: ops.take(tensor, rows, axis=0), tree)
+
+
+def _traced_zero(source_ids):
+    """An int32 zero computed from the values of `source_ids`.
+
+    Sizes offset by it are unknown while tracing, whatever the shapes: TensorFlow's
+    `while_loop` keeps each loop variable's traced shape, so rows and caches
+    sized from it may grow and shrink from step to step.
+    """
+    corner = source_ids[:1, :1]
+    return ops.sum(ops.cast(ops.not_equal(corner, corner), "int32"))
 
 
 def _write_column(tokens, index, ids):
     """Sets `tokens[..., index] = ids`. `where`, not `ops.slice_update`, which
     TensorFlow lowers to XlaDynamicUpdateSlice, an op TF Serving runs only
     with XLA compilation enabled."""
-    column = ops.arange(ops.shape(tokens)[-1]) == index  # (1 + T,)
+    column = ops.arange(ops.shape(tokens)[-1]) == index  # (T,)
     return ops.where(column, ops.expand_dims(ids, -1), tokens)
 
 
-def _initial_tokens(model, rows, buffer_length):
-    """`(R, 1 + T)` buffer: BOS, then padding."""
-    return ops.concatenate(
-        [
-            ops.full((rows, 1), model.bos_id, dtype="int32"),
-            ops.full((rows, buffer_length), model.pad_id, dtype="int32"),
-        ],
-        axis=1,
-    )
+def _ban_special_tokens(model, log_probs):
+    """`(R, V)` log-probabilities with `pad_id` and `bos_id` made impossible."""
+    ids = ops.arange(ops.shape(log_probs)[-1])
+    banned = ops.equal(ids, model.pad_id) | ops.equal(ids, model.bos_id)  # (V,)
+    return ops.where(banned, _IMPOSSIBLE, log_probs)
+
+
+def _prepare(model, source_ids, max_length, extra_length, use_cache, static_shapes):
+    """Limits, buffer width, stepper, initial state and live rows of a search.
+
+    Returns `(limits, width, steps, state, sentences, static)`: int `(B,)`
+    per-sentence limits; the output width `T`, as wide as the longest possible
+    output (`S + extra_length` for a padded width `S`, static wherever `S` is);
+    the stepper; its state for the `B` sentences; int `(B,)` sentence ids of
+    the rows; and whether shapes stay static.
+    """
+    on_jax = keras.backend.backend() == "jax"
+    if on_jax and static_shapes is False:
+        raise ValueError(
+            "static_shapes=False needs a backend with dynamic shapes (TensorFlow, PyTorch): "
+            "JAX's while_loop keeps every shape fixed. Received: static_shapes=False"
+        )
+    static = on_jax if static_shapes is None else static_shapes
+    batch_size = ops.shape(source_ids)[0]
+    if max_length is not None:
+        limits = ops.full((batch_size,), max_length, dtype="int32")
+        width = max_length
+    else:
+        lengths = ops.sum(ops.cast(model.padding_mask(source_ids), "int32"), axis=1)  # (B,)
+        limits, width = lengths + extra_length, ops.shape(source_ids)[1] + extra_length
+    steps = CachedSteps(model) if use_cache else RecomputedSteps(model)
+    if static:
+        state = steps.start(source_ids, width)
+        sentences = ops.arange(batch_size, dtype="int32")
+    else:  # caches that grow, batches that shrink
+        zero = _traced_zero(source_ids)
+        state = steps.start(source_ids, zero)
+        sentences = ops.arange(batch_size + zero, dtype="int32")
+    return limits, width, steps, state, sentences, static
 
 
 def greedy_search(
@@ -124,11 +168,14 @@ def greedy_search(
     alpha=0.0,
     use_cache=True,
     return_scores=False,
+    static_shapes=None,
 ):
     """Decodes by taking the most probable token at every step.
 
     Args:
-        model: a built `Transformer`.
+        model: a built `Transformer`, or any object with its `start_decoding`,
+            `decoding_step` (and, for `use_cache=False`, `encode`, `decode`),
+            `padding_mask`, `pad_id`, `bos_id` and `eos_id`.
         source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
         max_length: int or None, the most target tokens for every sentence.
             Defaults to each sentence's source length plus `extra_length`.
@@ -138,6 +185,8 @@ def greedy_search(
         use_cache: bool, read earlier steps from the key/value cache instead
             of recomputing the prefix.
         return_scores: bool, also return the scores.
+        static_shapes: bool or None, see the module docstring; None chooses
+            static shapes on JAX only.
 
     Returns:
         int32 `(B, T)` token ids, `T = max_length` or `S + extra_length`:
@@ -158,34 +207,55 @@ def greedy_search(
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = ops.shape(source_ids)[0]
-    limits, buffer_length = _source_limits(model, source_ids, max_length, extra_length)
-    step = _Stepper(model, source_ids, 1, buffer_length, use_cache)
-    tokens = _initial_tokens(model, batch_size, buffer_length)  # (B, 1 + T)
-    log_probs = ops.zeros((batch_size,), dtype="float32")
-    lengths = ops.zeros((batch_size,), dtype="int32")
-    finished = ops.zeros((batch_size,), dtype="bool")
-
-    def condition(index, tokens, state, log_probs, lengths, finished):
-        return ops.logical_and(index < buffer_length, ops.logical_not(ops.all(finished)))
-
-    def body(index, tokens, state, log_probs, lengths, finished):
-        step_log_probs, state = step(tokens, index, state)  # (B, V)
-        next_ids = ops.cast(ops.argmax(step_log_probs, axis=-1), "int32")  # (B,)
-        best = ops.max(step_log_probs, axis=-1)  # (B,)
-        log_probs = log_probs + ops.where(finished, 0.0, best)
-        lengths = lengths + ops.cast(ops.logical_not(finished), "int32")
-        next_ids = ops.where(finished, model.pad_id, next_ids)
-        tokens = _write_column(tokens, index + 1, next_ids)
-        finished = finished | ops.equal(next_ids, model.eos_id) | (index + 1 >= limits)
-        return index + 1, tokens, state, log_probs, lengths, finished
-
-    loop_vars = (ops.convert_to_tensor(0, "int32"), tokens, step.initial_state)
-    _, tokens, _, log_probs, lengths, _ = ops.while_loop(
-        condition, body, loop_vars + (log_probs, lengths, finished)
+    limits, width, steps, state, rows, static = _prepare(
+        model, source_ids, max_length, extra_length, use_cache, static_shapes
     )
+    if not static:
+        state = _take(state, rows)  # sized by `_unknown`, so rows may leave
+    tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
+    totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
+    lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
+
+    def write(buffer, rows, values):
+        return ops.scatter_update(buffer, rows[:, None], values)
+
+    def condition(index, rows, ids, live, *_):
+        return ops.logical_and(index < width, ops.any(live))
+
+    def body(index, rows, ids, live, state, tokens, totals, lengths):
+        # `rows` (R,) are the sentences of the rows still decoding; under
+        # static shapes they are all sentences and `live` marks the unfinished.
+        log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
+        log_probs = _ban_special_tokens(model, log_probs)
+        next_ids = ops.where(live, ops.cast(ops.argmax(log_probs, axis=-1), "int32"), model.pad_id)
+        row_totals = ops.take(totals, rows) + ops.where(live, ops.max(log_probs, axis=-1), 0.0)
+        row_lengths = ops.take(lengths, rows) + ops.cast(live, "int32")
+        position = ops.full_like(rows, index)
+        tokens = ops.scatter_update(tokens, ops.stack([rows, position], axis=1), next_ids)
+        totals, lengths = write(totals, rows, row_totals), write(lengths, rows, row_lengths)
+        ended = ops.equal(next_ids, model.eos_id) | (index + 1 >= ops.take(limits, rows))
+        live = live & ops.logical_not(ended)
+        if not static:
+            rows, next_ids, live, state = _drop_finished(live, (rows, next_ids, live, state))
+        return index + 1, rows, next_ids, live, state, tokens, totals, lengths
+
+    ids = ops.full_like(rows, model.bos_id)
+    live = ops.ones_like(rows, dtype="bool")
+    loop_vars = (ops.convert_to_tensor(0, "int32"), rows, ids, live, state)
+    outputs = ops.while_loop(condition, body, loop_vars + (tokens, totals, lengths))
+    tokens, totals, lengths = outputs[-3:]
     if not return_scores:
-        return tokens[:, 1:]
-    return tokens[:, 1:], log_probs / length_penalty(lengths, alpha)
+        return tokens
+    return tokens, totals / length_penalty(lengths, alpha)
+
+
+def _drop_finished(live, tree):
+    """Keeps the rows of `tree` where `live` `(R,)` is True, if any row ended."""
+
+    def drop():
+        return _take(tree, ops.nonzero(live)[0])
+
+    return ops.cond(ops.all(live), lambda: tree, drop)
 
 
 def _take_rows(values, indices):
@@ -193,6 +263,102 @@ def _take_rows(values, indices):
     extra_axes = len(values.shape) - 2
     indices = ops.reshape(indices, tuple(ops.shape(indices)) + (1,) * extra_axes)
     return ops.take_along_axis(values, indices, axis=1)
+
+
+def _expand(alive_log_probs, log_probs, beam_size):
+    """The `2K` best one-token extensions of every sentence's `K` live hypotheses.
+
+    Each row's own `2K` best tokens are taken first; the sentence's best `2K`
+    extensions are among them, so the cumulative scores are added on `(n, K, 2K)`
+    candidates instead of `(n, K, V)`.
+
+    Args:
+        alive_log_probs: float32 `(n, K)` cumulative log-probabilities.
+        log_probs: float32 `(n * K, V)` next-token log-probabilities.
+        beam_size: int `K`.
+
+    Returns:
+        `(scores, origins, ids)`: float32 `(n, 2K)` cumulative log-probabilities,
+        best first; int `(n, 2K)` hypothesis each extends; int32 `(n, 2K)` token.
+    """
+    width, vocabulary = 2 * beam_size, ops.shape(log_probs)[-1]
+    if isinstance(width, int) and isinstance(vocabulary, int):
+        width = min(width, vocabulary)  # static, as JAX needs
+    else:
+        width = ops.minimum(width, vocabulary)
+    row_log_probs, row_ids = ops.top_k(log_probs, width)  # (n * K, 2K)
+    candidates = ops.reshape(row_log_probs, (-1, beam_size, width)) + alive_log_probs[..., None]
+    scores, picks = ops.top_k(ops.reshape(candidates, (-1, beam_size * width)), 2 * beam_size)
+    ids = ops.take_along_axis(ops.reshape(row_ids, (-1, beam_size * width)), picks, axis=1)
+    return scores, picks // width, ops.cast(ids, "int32")
+
+
+def _finish(finished, index, candidates, open_, alpha, beam_size):
+    """Adds the candidates that end here to each sentence's `K` finished hypotheses.
+
+    The best `K` candidates that end with EOS finish, and at the length limit
+    every live one does.
+
+    Args:
+        finished: `(tokens, scores)`, int32 `(n, K, T)` and float32 `(n, K)`,
+            best first.
+        index: int scalar, the position just decoded.
+        candidates: `(tokens, log_probs, ending)`: int32 `(n, 2K, T)`, float32
+            `(n, 2K)` best first, bool `(n, 2K)` (ends with EOS or at the limit).
+        open_: bool `(n, 1)`, False for sentences already done.
+        alpha: float, length penalty exponent.
+        beam_size: int `K`.
+
+    Returns:
+        The updated `(tokens, scores)`.
+    """
+    finished_tokens, finished_scores = finished
+    tokens, log_probs, ending = candidates
+    in_beam = (ops.arange(2 * beam_size) < beam_size)[None]  # (1, 2K)
+    finishing = in_beam & ending & open_ & (log_probs > _IMPOSSIBLE / 2)
+    new_scores = log_probs / length_penalty(index + 1, alpha)  # (n, 2K)
+    pooled = ops.concatenate(
+        [finished_scores, ops.where(finishing, new_scores, _IMPOSSIBLE)], axis=1
+    )  # (n, 3K)
+    finished_scores, keep = ops.top_k(pooled, beam_size)  # (n, K)
+    finished_tokens = _take_rows(ops.concatenate([finished_tokens, tokens], axis=1), keep)
+    return finished_tokens, finished_scores
+
+
+def _keep_alive(candidates, beam_size):
+    """The best `K` candidates that did not end: `(tokens, log_probs, ids)` and parents.
+
+    Args:
+        candidates: `(tokens, log_probs, ids, origins, ends)`: int32
+            `(n, 2K, T)`, float32 `(n, 2K)`, int32 `(n, 2K)` token, int
+            `(n, 2K)` hypothesis extended, bool `(n, 2K)`.
+        beam_size: int `K`.
+
+    Returns:
+        `((tokens (n, K, T), log_probs (n, K), ids (n, K)), parents (n, K))`.
+    """
+    tokens, log_probs, ids, origins, ends = candidates
+    log_probs, keep = ops.top_k(ops.where(ends, _IMPOSSIBLE, log_probs), beam_size)
+    alive = (_take_rows(tokens, keep), log_probs, ops.take_along_axis(ids, keep, axis=1))
+    return alive, ops.take_along_axis(origins, keep, axis=1)
+
+
+def _settled(finished_scores, alive_log_probs, ends, index, alpha, num_hypotheses, early_stop):
+    """Bool `(n,)`: sentences whose search can stop after this step.
+
+    By default, once `K` hypotheses have finished and no live one scores better
+    now than the worst of them (Hugging Face's default rule); stopping at `K`
+    finished alone lets unlikely early endings, which enter the top `K` when the
+    model is confident, end the search before its best hypothesis has finished.
+    With `early_stop`, once the best extension of this step ended and
+    `num_hypotheses` have finished (CTranslate2's rule).
+    """
+    if early_stop:
+        count = ops.sum(ops.cast(finished_scores > _IMPOSSIBLE / 2, "int32"), axis=1)
+        return ends[:, 0] & (count >= num_hypotheses)
+    worst_finished = finished_scores[:, -1]  # scores are sorted, best first
+    best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
+    return (worst_finished > _IMPOSSIBLE / 2) & (worst_finished >= best_alive)
 
 
 def beam_search(
@@ -204,6 +370,8 @@ def beam_search(
     max_length=None,
     extra_length=50,
     use_cache=True,
+    static_shapes=None,
+    early_stop=False,
 ):
     """Beam search with the GNMT length penalty, returning the N best.
 
@@ -212,13 +380,14 @@ def beam_search(
     `beam_size` that end with `model.eos_id` join the sentence's finished
     hypotheses, and the best `beam_size` that do not stay alive. A sentence is
     done once it has `beam_size` finished hypotheses and no live one scores
-    better at its current length than the worst of them, or once it reaches its
+    better at its current length than the worst of them (or, with
+    `early_stop`, once its best extension ends), or once it reaches its
     length limit (its live hypotheses then finish as they are); the loop stops
     once every sentence is done. With `beam_size=1` this is exactly greedy
     search.
 
     Args:
-        model: a built `Transformer`.
+        model: a built `Transformer` (or any object `greedy_search` takes).
         source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
         beam_size: int, hypotheses kept per sentence (4 in section 6.1); a
             scalar tensor in TensorFlow graphs.
@@ -230,6 +399,10 @@ def beam_search(
         extra_length: int, see `max_length`.
         use_cache: bool, read earlier steps from the key/value cache instead
             of recomputing the prefix.
+        static_shapes: bool or None, see `greedy_search`.
+        early_stop: bool, stop a sentence once its best extension ends and
+            `num_hypotheses` have finished (CTranslate2's rule) instead of the
+            default rule above.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
@@ -258,68 +431,86 @@ def beam_search(
         )
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = ops.shape(source_ids)[0]
-    limits, buffer_length = _source_limits(model, source_ids, max_length, extra_length)
-    step = _Stepper(model, source_ids, beam_size, buffer_length, use_cache)
-    tokens = _initial_tokens(model, batch_size * beam_size, buffer_length)
-    tokens = ops.reshape(tokens, (batch_size, beam_size, -1))  # (B, K, 1 + T)
-    # Only the first beam is alive at the start, so the first step's
-    # candidates are distinct.
-    first = ops.arange(beam_size) == 0
-    alive_log_probs = ops.where(first, 0.0, _IMPOSSIBLE)[None] + ops.zeros((batch_size, 1))
-    finished_scores = ops.full((batch_size, beam_size), _IMPOSSIBLE)
-    done = ops.zeros((batch_size,), dtype="bool")
+    limits, width, steps, state, sentences, static = _prepare(
+        model, source_ids, max_length, extra_length, use_cache, static_shapes
+    )
+    beams = ops.arange(beam_size)
 
-    def condition(index, *_):
-        return ops.logical_and(index < buffer_length, ops.logical_not(ops.all(done)))
+    def rows_of(sentence_indices):
+        """`(n,)` sentence indices -> `(n * K,)` rows of their hypotheses."""
+        return ops.reshape(sentence_indices[:, None] * beam_size + beams[None], (-1,))
 
-    def body(index, tokens, state, alive_log_probs, finished, finished_scores, done):
-        flat_tokens = ops.reshape(tokens, (batch_size * beam_size, -1))
-        step_log_probs, state = step(flat_tokens, index, state)  # (B * K, V)
-        vocabulary = ops.shape(step_log_probs)[-1]
-        candidates = alive_log_probs[..., None] + ops.reshape(
-            step_log_probs, (batch_size, beam_size, vocabulary)
-        )  # (B, K, V)
-        candidates = ops.reshape(candidates, (batch_size, beam_size * vocabulary))
-        top_log_probs, top_indices = ops.top_k(candidates, 2 * beam_size)  # (B, 2K)
-        origins = top_indices // vocabulary  # (B, 2K) beam each candidate extends
-        new_ids = ops.cast(top_indices % vocabulary, "int32")  # (B, 2K)
-        extended = _take_rows(tokens, origins)  # (B, 2K, 1 + T)
-        extended = _write_column(extended, index + 1, new_ids)
-        ends = ops.equal(new_ids, model.eos_id)
-        at_limit = (index + 1 >= limits)[:, None]  # (B, 1)
+    def condition(index, sentences, alive, state, finished, done, outputs):
+        return ops.logical_and(index < width, ops.logical_not(ops.all(done)))
 
-        # Finish the best K candidates that end here, or all alive ones at the limit.
-        in_beam = (ops.arange(2 * beam_size) < beam_size)[None]  # (1, 2K)
-        finishing = in_beam & (ends | at_limit) & ops.logical_not(done)[:, None]
-        finishing = finishing & (top_log_probs > _IMPOSSIBLE / 2)
-        new_scores = top_log_probs / length_penalty(index + 1, alpha)
-        pooled_scores = ops.concatenate(
-            [finished_scores, ops.where(finishing, new_scores, _IMPOSSIBLE)], axis=1
-        )  # (B, 3K)
-        finished_scores, keep = ops.top_k(pooled_scores, beam_size)  # (B, K)
-        finished = _take_rows(ops.concatenate([finished, extended], axis=1), keep)
-
-        # Keep the best K candidates that did not end.
-        alive_log_probs, keep = ops.top_k(ops.where(ends, _IMPOSSIBLE, top_log_probs), beam_size)
-        tokens = _take_rows(extended, keep)  # (B, K, 1 + T)
-        parents = _take_rows(origins, keep) + ops.arange(batch_size)[:, None] * beam_size
-        state = ops.take(state, ops.reshape(parents, (-1,)), axis=0)
-
-        # Done once K hypotheses have finished and none alive scores better
-        # now than the worst of them (Hugging Face's default rule). Stopping at
-        # K finished alone lets unlikely early endings, which enter the top K
-        # when the model is confident, end the search before its best
-        # hypothesis has finished.
-        worst_finished = finished_scores[:, -1]  # scores are sorted, best first
-        best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
-        settled = (worst_finished > _IMPOSSIBLE / 2) & (worst_finished >= best_alive)
+    def body(index, sentences, alive, state, finished, done, outputs):
+        # `sentences` (n,) are those still searched, `K` rows each; under static
+        # shapes they are all sentences and `done` marks the finished ones.
+        alive_tokens, alive_log_probs, alive_ids = alive
+        log_probs, state = steps.step(
+            ops.reshape(alive_ids, (-1,)), state, index if static else None
+        )  # (n * K, V)
+        log_probs = _ban_special_tokens(model, log_probs)
+        top_log_probs, origins, new_ids = _expand(alive_log_probs, log_probs, beam_size)
+        extended = _write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
+        ends = ops.equal(new_ids, model.eos_id)  # (n, 2K)
+        at_limit = (index + 1 >= ops.take(limits, sentences))[:, None]  # (n, 1)
+        open_ = ops.logical_not(done)[:, None]
+        finished = _finish(
+            finished, index, (extended, top_log_probs, ends | at_limit), open_, alpha, beam_size
+        )
+        alive, parents = _keep_alive((extended, top_log_probs, new_ids, origins, ends), beam_size)
+        settled = _settled(finished[1], alive[1], ends, index, alpha, num_hypotheses, early_stop)
         done = done | settled | at_limit[:, 0]
-        return index + 1, tokens, state, alive_log_probs, finished, finished_scores, done
+        outputs = tuple(
+            ops.scatter_update(output, sentences[:, None], values[:, :num_hypotheses])
+            for output, values in zip(outputs, finished, strict=True)
+        )
+        # Each live hypothesis continues its parent's self-attention cache.
+        first_rows = ops.arange(ops.shape(parents)[0]) * beam_size  # (n,)
+        state = {
+            "source": state["source"],
+            "target": _take(state["target"], ops.reshape(first_rows[:, None] + parents, (-1,))),
+        }
+        if not static:
+            sentences, alive, finished, done, state = _drop_done(
+                done, (sentences, alive, finished, done), state, rows_of
+            )
+        return index + 1, sentences, alive, state, finished, done, outputs
 
-    loop_vars = (ops.convert_to_tensor(0, "int32"), tokens, step.initial_state, alive_log_probs)
-    outputs = ops.while_loop(condition, body, loop_vars + (tokens, finished_scores, done))
-    finished, finished_scores = outputs[4], outputs[5]
-    return finished[:, :num_hypotheses, 1:], finished_scores[:, :num_hypotheses]
+    def hypotheses(fill, dtype):
+        return ops.full((ops.shape(sentences)[0], beam_size, width), fill, dtype=dtype)
+
+    rows = ops.shape(sentences)[0]
+    first = ops.where(beams == 0, 0.0, _IMPOSSIBLE)  # one live hypothesis at first
+    alive = (
+        hypotheses(model.pad_id, "int32"),
+        ops.zeros((rows, 1)) + first[None],
+        ops.full((rows, beam_size), model.bos_id, dtype="int32"),
+    )
+    finished = (hypotheses(model.pad_id, "int32"), ops.full((rows, beam_size), _IMPOSSIBLE))
+    outputs = (
+        ops.full((batch_size, num_hypotheses, width), model.pad_id, dtype="int32"),
+        ops.full((batch_size, num_hypotheses), _IMPOSSIBLE),
+    )
+    state = _take(state, ops.repeat(sentences, beam_size))  # (n * K) rows
+    done = ops.zeros_like(sentences, dtype="bool")
+    loop_vars = (ops.convert_to_tensor(0, "int32"), sentences, alive, state, finished, done)
+    return ops.while_loop(condition, body, loop_vars + (outputs,))[-1]
+
+
+def _drop_done(done, per_sentence, state, rows_of):
+    """Keeps the sentences that are not done, and the rows of their hypotheses.
+
+    Returns `per_sentence` (a tuple of nested `(n, ...)` values) followed by
+    `state`, both with the done sentences removed.
+    """
+
+    def drop():
+        keep = ops.nonzero(ops.logical_not(done))[0]  # (n',)
+        return (*_take(per_sentence, keep), _take(state, rows_of(keep)))
+
+    return ops.cond(ops.any(done), drop, lambda: (*per_sentence, state))
 
 
 def score_hypotheses(model, source_ids, target_ids, alpha=0.0):

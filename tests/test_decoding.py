@@ -131,31 +131,25 @@ def test_bad_arguments_are_named(model):
 class BigramModel:
     """A stand-in model whose next-token logits depend only on the previous token.
 
-    It has the methods the decoders call, so a search can be checked against
-    probabilities chosen by hand.
+    It implements the decoding interface the searches call, so a search can be
+    checked against probabilities chosen by hand.
     """
 
     pad_id, bos_id, eos_id = PAD, 2, EOS
 
     def __init__(self, probabilities):
         self.table = np.log(np.asarray(probabilities, "float32") + 1e-12)  # (V, V)
-        self.decoder = self
 
     def padding_mask(self, ids):
         return keras.ops.not_equal(ids, PAD)
 
-    def encode(self, source_ids):
-        return keras.ops.zeros(tuple(source_ids.shape) + (1,)), self.padding_mask(source_ids)
+    def start_decoding(self, source_ids, max_length=0):
+        rows = keras.ops.shape(source_ids)[0]
+        return {"source": {"rows": keras.ops.zeros((rows,))}, "target": {}}
 
-    def compute_cross_attention_cache(self, encoder_outputs):
-        return keras.ops.zeros((encoder_outputs.shape[0], 1))
-
-    def initial_cache(self, rows, length):
-        return keras.ops.zeros((rows, 1))
-
-    def decode(self, target_ids, encoder_outputs, mask, self_attention_cache=None, **kwargs):
-        logits = keras.ops.take(self.table, target_ids, axis=0)  # (B, T, V)
-        return logits if self_attention_cache is None else (logits, self_attention_cache)
+    def decoding_step(self, token_ids, state, index=None):
+        logits = keras.ops.take(self.table, token_ids, axis=0)  # (R, V)
+        return keras.ops.log_softmax(logits, axis=-1), state
 
 
 def test_unlikely_early_endings_do_not_end_the_search():
@@ -213,3 +207,52 @@ def test_decoders_compile_in_a_graph(model):
         eager = decode(SOURCES)
         np.testing.assert_array_equal(to_numpy(compiled[0]), to_numpy(eager[0]))
         np.testing.assert_allclose(to_numpy(compiled[1]), to_numpy(eager[1]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("static_shapes", [True, False])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_static_and_dynamic_shapes_give_the_same_results(model, static_shapes, use_cache):
+    """Fixed-size caches with finished rows kept vs growing caches with rows dropped."""
+    if keras.backend.backend() == "jax" and not static_shapes:
+        with pytest.raises(ValueError, match="static_shapes=False"):
+            greedy_search(model, SOURCES, static_shapes=False)
+        return
+    expected = beam_search(model, SOURCES, num_hypotheses=3, extra_length=EXTRA)
+    tokens, scores = beam_search(
+        model,
+        SOURCES,
+        num_hypotheses=3,
+        extra_length=EXTRA,
+        use_cache=use_cache,
+        static_shapes=static_shapes,
+    )
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(expected[0]))
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected[1]), rtol=1e-4)
+    greedy = greedy_search(model, SOURCES, extra_length=EXTRA, return_scores=True)
+    tokens, scores = greedy_search(
+        model,
+        SOURCES,
+        extra_length=EXTRA,
+        use_cache=use_cache,
+        return_scores=True,
+        static_shapes=static_shapes,
+    )
+    np.testing.assert_array_equal(to_numpy(tokens), to_numpy(greedy[0]))
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(greedy[1]), rtol=1e-4)
+
+
+def test_early_stop_ends_a_sentence_when_its_best_extension_ends():
+    """After bos: eos 0.6, a 0.4; after a: a 0.99. The best extension ends at
+    once; the default rule goes on while the live "a a a ..." scores better
+    under the length penalty than the finished "eos"."""
+    row_bos = [0.0, 0.0, 0.0, 0.6, 0.4, 0.0]
+    row_a = [0.0, 0.0, 0.0, 0.01, 0.99, 0.0]
+    model = BigramModel([row_bos, row_bos, row_bos, row_bos, row_a, row_a])
+    source = np.array([[4, 4]], "int32")
+    early, early_scores = beam_search(
+        model, source, beam_size=2, alpha=1.0, extra_length=5, early_stop=True
+    )
+    full, full_scores = beam_search(model, source, beam_size=2, alpha=1.0, extra_length=5)
+    np.testing.assert_array_equal(to_numpy(early)[0, 0, :1], [EOS])
+    assert to_numpy(full)[0, 0, 0] == 4  # the longer hypothesis wins under the length penalty
+    assert to_numpy(full_scores)[0, 0] > to_numpy(early_scores)[0, 0]

@@ -13,18 +13,25 @@ _MASK_LOGIT = -1e9
 
 
 def _write_steps(cache, steps, index):
-    """Writes `(B, T, H, K)` steps into a `(B, S, H, K)` cache at `index`.
+    """Writes `(B, H, T, K)` steps into a fixed-size `(B, H, S, K)` cache at `index`.
 
     A one-hot placement and `where` rather than `ops.slice_update`: under
     TensorFlow the latter becomes XlaDynamicUpdateSlice, which TF Serving runs
-    only with XLA compilation enabled. Values are copied exactly.
+    only with XLA compilation enabled. Values are copied exactly. Every
+    position is rewritten, which XLA (the fixed-size cache's reason to exist)
+    does in place.
     """
-    positions = ops.arange(ops.shape(cache)[1])  # (S,)
-    offsets = ops.arange(ops.shape(steps)[1]) + index  # (T,)
+    positions = ops.arange(ops.shape(cache)[2])  # (S,)
+    offsets = ops.arange(ops.shape(steps)[2]) + index  # (T,)
     placement = ops.cast(ops.equal(offsets[:, None], positions[None]), steps.dtype)  # (T, S)
-    written = ops.einsum("ts,bthk->bshk", placement, steps)  # (B, S, H, K)
-    covered = ops.any(placement > 0, axis=0)[None, :, None, None]  # (1, S, 1, 1)
+    written = ops.einsum("ts,bhtk->bhsk", placement, steps)  # (B, H, S, K)
+    covered = ops.any(placement > 0, axis=0)[None, None, :, None]  # (1, 1, S, 1)
     return ops.where(covered, written, cache)
+
+
+def _heads_first(states):
+    """`(B, T, H, K)` -> `(B, H, T, K)`, the layout attention multiplies in."""
+    return ops.transpose(states, (0, 2, 1, 3))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -41,14 +48,21 @@ class MultiHeadAttention(keras.layers.Layer):
     `attention_mask` give identical results. Logits and softmax are computed in
     float32 under mixed precision.
 
-    Caching: `cache` is a `(B, 2, S, H, K)` tensor holding keys (index 0) and
-    values (index 1). With `cache_update_index`, the keys and values of the
-    current `query` steps are written into the cache at that position and the
-    whole cache is attended (self-attention during incremental decoding; the
-    causal mask accounts for the offset). Without it, the cache is attended as it
-    is (encoder-decoder attention, whose keys and values `compute_cache` builds
-    once). When a cache is given, key and value Keras masks are not used: pass
-    `attention_mask` for cross-attention padding.
+    Caching: `cache` is a pair `(keys, values)` of `(B, H, S, K)` tensors, heads
+    first so that attention multiplies them without a transpose. Three uses:
+    - read only (neither `cache_update_index` nor `grow_cache`): the cache is
+      attended as it is (encoder-decoder attention, whose keys and values
+      `compute_cache` projects once);
+    - growing (`grow_cache=True`): the keys and values of the current `query`
+      steps are appended, so the cache holds exactly the positions decoded so
+      far and a step costs what its prefix needs (dynamic shapes: eager
+      execution, TensorFlow graphs);
+    - fixed-size (`cache_update_index=i`): they are written at positions
+      `i, i + 1, ...` of a buffer as long as the longest output, and later
+      positions are masked (static shapes, as XLA and `jax.jit` need).
+    With self-attention the causal mask accounts for the offset. When a cache is
+    given, key and value Keras masks are not used: pass `attention_mask` for
+    cross-attention padding.
 
     Args:
         num_heads: int, number of attention heads `h`.
@@ -71,8 +85,10 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool, mask future keys (decoder self-attention).
         return_attention_scores: bool, also return the `(B, H, T, S)`
             attention probabilities.
-        cache: `(B, 2, S, H, K)` key/value cache, see above.
-        cache_update_index: int scalar, position of `query[:, 0]` in the cache.
+        cache: `(keys, values)`, each `(B, H, S, K)`, see above.
+        cache_update_index: int scalar, position of `query[:, 0]` in a
+            fixed-size cache.
+        grow_cache: bool, append the current steps to the cache.
         training: bool, whether dropout is active.
 
     Returns:
@@ -163,11 +179,11 @@ class MultiHeadAttention(keras.layers.Layer):
             key: `(B, S, D)` keys. Defaults to `value`.
 
         Returns:
-            `(B, 2, S, H, K)` cache to pass as `cache` without a
-            `cache_update_index`.
+            `(keys, values)`, `(B, H, S, K)` each, to pass as a read-only
+            `cache`.
         """
         key = value if key is None else key
-        return ops.stack([self._key_dense(key), self._value_dense(value)], axis=1)
+        return _heads_first(self._key_dense(key)), _heads_first(self._value_dense(value))
 
     def call(
         self,
@@ -182,31 +198,40 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         cache=None,
         cache_update_index=None,
+        grow_cache=False,
         training=None,
     ):
+        if grow_cache and cache_update_index is not None:
+            raise ValueError(
+                "Pass cache_update_index (fixed-size cache) or grow_cache=True (growing "
+                f"cache), not both. Received: cache_update_index={cache_update_index}"
+            )
         key = value if key is None else key
-        query_states = self._query_dense(query)  # (B, T, H, K)
+        query_states = _heads_first(self._query_dense(query))  # (B, H, T, K)
         start_index = 0
-        if cache is None:
-            key_states = self._key_dense(key)  # (B, S, H, K)
-            value_states = self._value_dense(value)  # (B, S, H, K)
-        elif cache_update_index is None:
-            key_states, value_states = cache[:, 0], cache[:, 1]  # (B, S, H, K)
+        if cache is None or grow_cache or cache_update_index is not None:
+            key_states = _heads_first(self._key_dense(key))  # (B, H, T, K)
+            value_states = _heads_first(self._value_dense(value))  # (B, H, T, K)
+        if cache is not None:
             key_mask = value_mask = None
-        else:
-            step_keys = self._key_dense(key)  # (B, T, H, K)
-            step_values = self._value_dense(value)  # (B, T, H, K)
-            key_states = _write_steps(cache[:, 0], step_keys, cache_update_index)
-            value_states = _write_steps(cache[:, 1], step_values, cache_update_index)
-            cache = ops.stack([key_states, value_states], axis=1)  # (B, 2, S, H, K)
-            start_index = cache_update_index
-            key_mask = value_mask = None
+            cached_keys, cached_values = cache
+            if grow_cache:
+                start_index = ops.shape(cached_keys)[2]
+                key_states = ops.concatenate([cached_keys, key_states], axis=2)  # (B, H, S, K)
+                value_states = ops.concatenate([cached_values, value_states], axis=2)
+            elif cache_update_index is not None:
+                start_index = cache_update_index
+                key_states = _write_steps(cached_keys, key_states, start_index)  # (B, H, S, K)
+                value_states = _write_steps(cached_values, value_states, start_index)
+            else:
+                key_states, value_states = cached_keys, cached_values  # (B, H, S, K)
+            cache = (key_states, value_states)
 
         key_padding = key_mask if key_mask is not None else value_mask
         causal = None
         if use_causal_mask:
             causal = masks.causal_mask(
-                ops.shape(query_states)[1], ops.shape(key_states)[1], start_index
+                ops.shape(query_states)[2], ops.shape(key_states)[2], start_index
             )
         mask = masks.merge_attention_masks(
             query_mask=query_mask,
@@ -217,7 +242,7 @@ class MultiHeadAttention(keras.layers.Layer):
         outputs, probabilities = self._attend(
             query_states, key_states, value_states, mask, training
         )
-        outputs = self._output_dense(outputs)  # (B, T, D)
+        outputs = self._output_dense(ops.transpose(outputs, (0, 2, 1, 3)))  # (B, T, D)
 
         results = [outputs]
         if return_attention_scores:
@@ -232,7 +257,7 @@ class MultiHeadAttention(keras.layers.Layer):
             query_states = ops.cast(query_states, "float32")
             key_states = ops.cast(key_states, "float32")
         query_states = query_states * ops.cast(1.0 / math.sqrt(self.key_dim), query_states.dtype)
-        logits = ops.einsum("bthk,bshk->bhts", query_states, key_states)  # (B, H, T, S)
+        logits = ops.einsum("bhtk,bhsk->bhts", query_states, key_states)  # (B, H, T, S)
         # Softmax in float32 for stability under mixed precision.
         logits = ops.cast(logits, "float32")
         if mask is not None:
@@ -241,7 +266,7 @@ class MultiHeadAttention(keras.layers.Layer):
         probabilities = ops.softmax(logits, axis=-1)
         probabilities = ops.cast(probabilities, self.compute_dtype)
         dropped = self._dropout_layer(probabilities, training=training)
-        outputs = ops.einsum("bhts,bshk->bthk", dropped, value_states)  # (B, T, H, K)
+        outputs = ops.einsum("bhts,bhsk->bhtk", dropped, value_states)  # (B, H, T, K)
         return outputs, probabilities
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
@@ -255,18 +280,32 @@ class MultiHeadAttention(keras.layers.Layer):
         key=None,
         return_attention_scores=False,
         cache=None,
+        grow_cache=False,
         **kwargs,
     ):
         outputs = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )
         results = [outputs]
+        key_length = value.shape[1]
+        if cache is not None:
+            key_length = cache[0].shape[2]
+            if grow_cache:
+                key_length = (
+                    None if None in (key_length, query.shape[1]) else key_length + query.shape[1]
+                )
         if return_attention_scores:
-            key_length = cache.shape[2] if cache is not None else value.shape[1]
             shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
             results.append(keras.KerasTensor(shape, dtype=self.compute_dtype))
         if cache is not None:
-            results.append(keras.KerasTensor(cache.shape, dtype=cache.dtype))
+            results.append(
+                tuple(
+                    keras.KerasTensor(
+                        part.shape[:2] + (key_length, part.shape[3]), dtype=part.dtype
+                    )
+                    for part in cache
+                )
+            )
         return results[0] if len(results) == 1 else tuple(results)
 
     def get_config(self):

@@ -16,10 +16,13 @@ class DecoderLayer(TransformerBlock):
     dropout and norms are as in `EncoderLayer`. Padding masks default to the
     Keras masks of `inputs` and `encoder_outputs`.
 
-    For incremental decoding pass `self_attention_cache` `(B, 2, T, H, K)` with
-    `self_attention_cache_update_index` (the position of `inputs[:, 0]`), and
-    optionally `cross_attention_cache` `(B, 2, S, H, K)` from
-    `compute_cross_attention_cache`, so the source is projected only once.
+    For incremental decoding pass `self_attention_cache`, a pair `(keys,
+    values)` of `(B, H, T_cache, K)` tensors: without
+    `self_attention_cache_update_index` the current steps are appended to it
+    (a growing cache), with it they are written at that position of a
+    fixed-size cache (see `MultiHeadAttention`). Optionally pass
+    `cross_attention_cache` from `compute_cross_attention_cache`, so the source
+    is projected only once.
 
     Args:
         num_heads, intermediate_dim, dropout, attention_dropout, activation,
@@ -32,9 +35,11 @@ class DecoderLayer(TransformerBlock):
         encoder_outputs: `(B, S, D)`.
         decoder_padding_mask: bool `(B, T)`, True for real target tokens.
         encoder_padding_mask: bool `(B, S)`, True for real source tokens.
-        self_attention_cache: `(B, 2, T_max, H, K)` or None.
-        self_attention_cache_update_index: int scalar or None.
-        cross_attention_cache: `(B, 2, S, H, K)` or None.
+        self_attention_cache: `(keys, values)`, `(B, H, T_cache, K)` each, or
+            None.
+        self_attention_cache_update_index: int scalar, position of
+            `inputs[:, 0]` in a fixed-size cache; None appends to the cache.
+        cross_attention_cache: `(keys, values)`, `(B, H, S, K)` each, or None.
         return_attention_scores: bool, also return the `(B, H, T, S)`
             encoder-decoder attention probabilities.
         training: bool, whether dropout is active.
@@ -71,7 +76,7 @@ class DecoderLayer(TransformerBlock):
         )
 
     def compute_cross_attention_cache(self, encoder_outputs):
-        """Projects `(B, S, D)` encoder outputs once into a `(B, 2, S, H, K)` cache."""
+        """Projects `(B, S, D)` encoder outputs once into `(keys, values)`, `(B, H, S, K)` each."""
         return self._cross_attention.compute_cache(encoder_outputs)
 
     def call(
@@ -103,6 +108,8 @@ class DecoderLayer(TransformerBlock):
                 use_causal_mask=True,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
+                grow_cache=self_attention_cache is not None
+                and self_attention_cache_update_index is None,
                 training=training,
             )
 
@@ -153,9 +160,12 @@ class DecoderLayer(TransformerBlock):
 class Decoder(TransformerStack):
     """A stack of `num_layers` `DecoderLayer`s (N = 6 in the paper).
 
-    Caches for the whole stack carry a layer axis: the self-attention cache is
-    `(B, L, 2, T_max, H, K)` (`initial_cache` makes an empty one) and the
-    cross-attention cache `(B, L, 2, S, H, K)` (`compute_cross_attention_cache`).
+    Caches for the whole stack are lists with one `(keys, values)` pair per
+    layer: the self-attention cache holds `(B, H, T_cache, K)` pairs
+    (`initial_cache` makes an empty one, growing or fixed-size) and the
+    cross-attention cache `(B, H, S, K)` pairs (`compute_cross_attention_cache`).
+    Separate tensors per layer let a step append to or rewrite each layer's
+    cache without copying the others.
 
     Args:
         num_layers: int, number of layers `N`.
@@ -169,9 +179,12 @@ class Decoder(TransformerStack):
         encoder_outputs: `(B, S, D)`.
         decoder_padding_mask: bool `(B, T)`; defaults to the Keras mask.
         encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask.
-        self_attention_cache: `(B, L, 2, T_max, H, K)` or None.
-        self_attention_cache_update_index: int scalar or None.
-        cross_attention_cache: `(B, L, 2, S, H, K)` or None.
+        self_attention_cache: list of L `(keys, values)` pairs, `(B, H, T_cache, K)`
+            each, or None.
+        self_attention_cache_update_index: int scalar, position of
+            `inputs[:, 0]` in fixed-size caches; None appends to the caches.
+        cross_attention_cache: list of L `(keys, values)` pairs, `(B, H, S, K)`
+            each, or None.
         return_attention_scores: bool, also return the `(B, L, H, T, S)`
             encoder-decoder attention probabilities of every layer.
         training: bool, whether dropout is active.
@@ -194,18 +207,34 @@ class Decoder(TransformerStack):
     def build(self, inputs_shape, encoder_outputs_shape):
         self._build_layers(inputs_shape, encoder_outputs_shape)
 
-    def initial_cache(self, batch_size, max_length):
-        """An empty `(B, L, 2, max_length, H, K)` self-attention cache."""
-        attention = self.stack_layers[0]._self_attention
-        shape = (batch_size, self.num_layers, 2, max_length, self.num_heads, attention.key_dim)
-        return ops.zeros(shape, dtype=self.compute_dtype)
+    def initial_cache(self, batch_size, max_length=0):
+        """An empty self-attention cache: L `(keys, values)` pairs.
+
+        Args:
+            batch_size: int or int scalar tensor, rows `B`.
+            max_length: int (or int scalar tensor), positions per row: 0 (the
+                default) for a growing cache, the longest output for a
+                fixed-size one.
+
+        Returns:
+            list of L pairs of zeros, `(B, H, max_length, K)` each.
+        """
+        cache = []
+        for layer in self.stack_layers:
+            attention = layer._self_attention
+            value_dim = attention.value_dim or attention.key_dim
+            shape = (batch_size, self.num_heads, max_length)
+            cache.append(
+                (
+                    ops.zeros(shape + (attention.key_dim,), dtype=self.compute_dtype),
+                    ops.zeros(shape + (value_dim,), dtype=self.compute_dtype),
+                )
+            )
+        return cache
 
     def compute_cross_attention_cache(self, encoder_outputs):
-        """Projects `(B, S, D)` encoder outputs into a `(B, L, 2, S, H, K)` cache."""
-        return ops.stack(
-            [layer.compute_cross_attention_cache(encoder_outputs) for layer in self.stack_layers],
-            axis=1,
-        )
+        """`(B, S, D)` encoder outputs -> L `(keys, values)` pairs, `(B, H, S, K)` each."""
+        return [layer.compute_cross_attention_cache(encoder_outputs) for layer in self.stack_layers]
 
     def call(
         self,
@@ -234,11 +263,11 @@ class Decoder(TransformerStack):
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
                 self_attention_cache=(
-                    None if self_attention_cache is None else self_attention_cache[:, index]
+                    None if self_attention_cache is None else self_attention_cache[index]
                 ),
                 self_attention_cache_update_index=self_attention_cache_update_index,
                 cross_attention_cache=(
-                    None if cross_attention_cache is None else cross_attention_cache[:, index]
+                    None if cross_attention_cache is None else cross_attention_cache[index]
                 ),
                 return_attention_scores=return_attention_scores,
                 training=training,
@@ -254,5 +283,5 @@ class Decoder(TransformerStack):
         if return_attention_scores:
             results.append(ops.stack(scores, axis=1))  # (B, L, H, T, S)
         if self_attention_cache is not None:
-            results.append(ops.stack(caches, axis=1))  # (B, L, 2, T_max, H, K)
+            results.append(caches)
         return results[0] if len(results) == 1 else tuple(results)

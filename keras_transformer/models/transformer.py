@@ -245,15 +245,17 @@ class Transformer(keras.Model):
         """Decodes int `(B, T)` target ids against `(B, S, D)` encoder outputs.
 
         Args:
-            target_ids: int `(B, T)`; with a cache, the ids at positions
-                `cache_update_index .. cache_update_index + T - 1`.
+            target_ids: int `(B, T)`; with a cache, the ids at the positions
+                after those the cache holds.
             encoder_outputs: `(B, S, D)` from `encode`.
             source_padding_mask: bool `(B, S)` from `encode`.
-            self_attention_cache: `(B, L, 2, T_max, H, K)` or None, see
-                `Decoder.initial_cache`.
-            cache_update_index: int scalar, position of `target_ids[:, 0]`.
-            cross_attention_cache: `(B, L, 2, S, H, K)` or None, see
-                `Decoder.compute_cross_attention_cache`.
+            self_attention_cache: L `(keys, values)` pairs, `(B, H, T_cache, K)`
+                each, or None; see `Decoder.initial_cache`.
+            cache_update_index: int scalar, position of `target_ids[:, 0]` in
+                fixed-size caches; None for growing caches, which are appended
+                to (the position is then the cache's length).
+            cross_attention_cache: L `(keys, values)` pairs, `(B, H, S, K)`
+                each, or None; see `Decoder.compute_cross_attention_cache`.
             return_attention_scores: bool, also return the `(B, L, H, T, S)`
                 encoder-decoder attention probabilities.
             training: bool, whether dropout is active.
@@ -262,7 +264,11 @@ class Transformer(keras.Model):
             float32 `(B, T, V)` logits; then the attention probabilities if
             requested; then the updated self-attention cache if one was given.
         """
-        start_index = 0 if cache_update_index is None else cache_update_index
+        start_index = cache_update_index
+        if start_index is None:
+            start_index = (
+                0 if self_attention_cache is None else ops.shape(self_attention_cache[0][0])[2]
+            )
         states = self.target_embedding(target_ids)  # (B, T, D)
         states = self.target_positions(states, start_index=start_index)
         states = self.target_dropout(states, training=training)
@@ -282,6 +288,66 @@ class Transformer(keras.Model):
         if not isinstance(results, tuple):
             return self._logits(results)
         return (self._logits(results[0]), *results[1:])
+
+    def start_decoding(self, source_ids, max_length=0):
+        """Encodes sources once and returns the state that `decoding_step` reads.
+
+        The state is a dict of two dicts of tensors, so that a search can carry
+        it through `ops.while_loop` and take rows of it: `"source"` holds what
+        every hypothesis of a sentence shares (the encoder-decoder keys and
+        values, the source padding mask), `"target"` what each hypothesis owns
+        (its self-attention cache). Beam search reorders `"target"` rows only.
+
+        Args:
+            source_ids: int `(B, S)` source ids, padded with `pad_id`.
+            max_length: int, 0 (the default) for self-attention caches that
+                grow by one position a step; the longest output for fixed-size
+                caches (static shapes, as `jax.jit` needs).
+
+        Returns:
+            dict: `state["source"]["cross_attention_cache"]`, L pairs
+            `(B, H, S, K)`; `state["source"]["padding_mask"]`, bool `(B, S)`;
+            `state["target"]["self_attention_cache"]`, L pairs
+            `(B, H, max_length, K)`.
+        """
+        encoder_outputs, source_padding_mask = self.encode(source_ids)  # (B, S, D), (B, S)
+        batch_size = ops.shape(source_ids)[0]
+        return {
+            "source": {
+                "cross_attention_cache": self.decoder.compute_cross_attention_cache(
+                    encoder_outputs
+                ),
+                "padding_mask": source_padding_mask,
+            },
+            "target": {
+                "self_attention_cache": self.decoder.initial_cache(batch_size, max_length),
+            },
+        }
+
+    def decoding_step(self, token_ids, state, index=None):
+        """Log-probabilities of the next token after `token_ids`.
+
+        Args:
+            token_ids: int `(R,)`, each row's token at the current position
+                (`bos_id` first).
+            state: from `start_decoding`, with rows taken as the search needs.
+            index: int scalar, the current position, for fixed-size caches;
+                None for growing caches (the position is their length).
+
+        Returns:
+            `(log_probs, state)`: float32 `(R, V)` and the updated state.
+        """
+        source = state["source"]
+        logits, cache = self.decode(
+            token_ids[:, None],
+            None,
+            source["padding_mask"],
+            self_attention_cache=state["target"]["self_attention_cache"],
+            cache_update_index=index,
+            cross_attention_cache=source["cross_attention_cache"],
+        )  # (R, 1, V)
+        log_probs = ops.log_softmax(logits[:, 0], axis=-1)  # (R, V)
+        return log_probs, {"source": source, "target": {"self_attention_cache": cache}}
 
     def call(self, inputs, training=None):
         source_ids, target_ids = _split_inputs(inputs)

@@ -117,19 +117,51 @@ def test_causal_mask_hides_the_future(data):
     assert not np.allclose(new_outputs[:, -1], outputs[:, -1])
 
 
-def test_cached_self_attention_equals_full_pass(data):
+@pytest.mark.parametrize("growing", [True, False])
+def test_cached_self_attention_equals_full_pass(data, growing):
     query, _ = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4)
     full = to_numpy(layer(query, query, use_causal_mask=True))
-    cache = ops.zeros((B, 2, T, H, 4))
+    length = 0 if growing else T
+    cache = (ops.zeros((B, H, length, 4)), ops.zeros((B, H, length, 4)))
     steps = []
     for index in range(T):
         step = query[:, index : index + 1]
         output, cache = layer(
-            step, step, use_causal_mask=True, cache=cache, cache_update_index=index
+            step,
+            step,
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=None if growing else index,
+            grow_cache=growing,
         )
         steps.append(to_numpy(output))
+        assert tuple(cache[0].shape) == (B, H, index + 1 if growing else T, 4)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_fixed_size_cache_takes_several_steps_at_once(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, value_dim=3)
+    full = to_numpy(layer(query, query, use_causal_mask=True))
+    cache = (ops.zeros((B, H, T, 4)), ops.zeros((B, H, T, 3)))
+    first, cache = layer(
+        query[:, :2], query[:, :2], use_causal_mask=True, cache=cache, cache_update_index=0
+    )
+    rest, cache = layer(
+        query[:, 2:], query[:, 2:], use_causal_mask=True, cache=cache, cache_update_index=2
+    )
+    np.testing.assert_allclose(
+        np.concatenate([to_numpy(first), to_numpy(rest)], 1), full, atol=1e-5
+    )
+
+
+def test_cache_modes_exclude_each_other(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    cache = (ops.zeros((B, H, T, 4)), ops.zeros((B, H, T, 4)))
+    with pytest.raises(ValueError, match="not both"):
+        layer(query, query, cache=cache, cache_update_index=0, grow_cache=True)
 
 
 def test_cross_attention_cache_equals_recomputation(data):
@@ -139,10 +171,11 @@ def test_cross_attention_cache_equals_recomputation(data):
     layer = MultiHeadAttention(num_heads=H, key_dim=4)
     expected = to_numpy(layer(query, value, attention_mask=mask))
     cache = layer.compute_cache(value)
-    assert tuple(cache.shape) == (B, 2, S, H, 4)
+    assert [tuple(part.shape) for part in cache] == [(B, H, S, 4)] * 2
     output, returned_cache = layer(query, value, attention_mask=mask, cache=cache)
     np.testing.assert_allclose(to_numpy(output), expected, atol=1e-6)
-    np.testing.assert_array_equal(to_numpy(returned_cache), to_numpy(cache))
+    for returned, given in zip(returned_cache, cache, strict=True):
+        np.testing.assert_array_equal(to_numpy(returned), to_numpy(given))
 
 
 def test_dropout_reaches_attention_probabilities(data):

@@ -78,17 +78,20 @@ def test_future_targets_and_padded_sources_do_not_leak(data):
     assert not np.allclose(new_outputs[:, -1], outputs[:, -1])
 
 
+@pytest.mark.parametrize("growing", [True, False])
 @pytest.mark.parametrize("normalize_first", [False, True])
-def test_cached_decoding_equals_full_pass(data, normalize_first):
+def test_cached_decoding_equals_full_pass(data, normalize_first, growing):
     target, source, encoder_padding_mask = data
     decoder = Decoder(
         num_layers=L, num_heads=H, intermediate_dim=16, normalize_first=normalize_first
     )
     full = to_numpy(decoder(target, source, encoder_padding_mask=encoder_padding_mask))
-    self_cache = decoder.initial_cache(B, T)
+    self_cache = decoder.initial_cache(B, 0 if growing else T)
     cross_cache = decoder.compute_cross_attention_cache(source)
-    assert tuple(self_cache.shape) == (B, L, 2, T, H, D // H)
-    assert tuple(cross_cache.shape) == (B, L, 2, S, H, D // H)
+    assert [tuple(k.shape) + tuple(v.shape) for k, v in self_cache] == [
+        (B, H, 0 if growing else T, D // H) * 2
+    ] * L
+    assert [tuple(k.shape) + tuple(v.shape) for k, v in cross_cache] == [(B, H, S, D // H) * 2] * L
     steps = []
     for index in range(T):
         output, self_cache = decoder(
@@ -96,7 +99,7 @@ def test_cached_decoding_equals_full_pass(data, normalize_first):
             source,
             encoder_padding_mask=encoder_padding_mask,
             self_attention_cache=self_cache,
-            self_attention_cache_update_index=index,
+            self_attention_cache_update_index=None if growing else index,
             cross_attention_cache=cross_cache,
         )
         steps.append(to_numpy(output))

@@ -36,19 +36,14 @@ DECODERS = ("cached", "uncached", "saved_model", "ctranslate2")
 def _keras_decoder(model, tok, max_length, use_cache):
     import tensorflow as tf
 
-    from keras_transformer import beam_search, greedy_search
-    from pipelines.tokenizer import decode_targets, encode_sources
+    from pipelines.translation import translate_strings
 
     @tf.function(reduce_retracing=True)
     def run(inputs, beam_size, alpha):
-        source = encode_sources(tok, inputs, model.eos_id, max_length)
-        if beam_size == 1:
-            tokens = greedy_search(model, source, alpha=alpha, use_cache=use_cache)
-        else:
-            tokens, _ = beam_search(model, source, beam_size, alpha, use_cache=use_cache)
-            tokens = tokens[:, 0]
-        texts = decode_targets(tok, tokens, model.eos_id)
-        return {"translations": texts, "scores": tf.zeros(tf.shape(texts), tf.float32)}
+        texts, scores = translate_strings(
+            model, tok, inputs, beam_size, alpha, max_source_length=max_length, use_cache=use_cache
+        )
+        return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
     def signature(inputs, beam_size, alpha):
         return run(inputs, int(beam_size), float(alpha))

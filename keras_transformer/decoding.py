@@ -265,6 +265,35 @@ def _take_rows(values, indices):
     return ops.take_along_axis(values, indices, axis=1)
 
 
+def _top_k(values, k, block_size=64):
+    """`ops.top_k` of `(R, V)` values over blocks of the last axis, for large `V`.
+
+    The `k` largest values of a row lie in the `k` blocks with the largest
+    maxima, so after one maximum per block a top-k runs over those blocks
+    alone: TensorFlow's top-k over a whole row of a vocabulary costs several
+    times more than this. Ties may be broken differently.
+
+    Returns:
+        `(values, indices)`, `(R, k)` each, largest first.
+    """
+    rows, size = ops.shape(values)
+    blocks = (
+        -(-size // block_size) if isinstance(size, int) else (size + block_size - 1) // block_size
+    )
+    padding = blocks * block_size - size
+    if not isinstance(padding, int) or padding:
+        values = ops.pad(values, [[0, 0], [0, padding]], constant_values=2 * _IMPOSSIBLE)
+    values = ops.reshape(values, (-1, blocks, block_size))  # (R, blocks, block)
+    block_count = (
+        min(k, blocks) if isinstance(k, int) and isinstance(blocks, int) else ops.minimum(k, blocks)
+    )
+    _, chosen = ops.top_k(ops.max(values, axis=-1), block_count)  # (R, k)
+    candidates = ops.take_along_axis(values, chosen[..., None], axis=1)  # (R, k, block)
+    top, picks = ops.top_k(ops.reshape(candidates, (rows, -1)), k)  # (R, k)
+    block_of_pick = ops.take_along_axis(chosen, picks // block_size, axis=1)
+    return top, block_of_pick * block_size + picks % block_size
+
+
 def _expand(alive_log_probs, log_probs, beam_size):
     """The `2K` best one-token extensions of every sentence's `K` live hypotheses.
 
@@ -286,7 +315,7 @@ def _expand(alive_log_probs, log_probs, beam_size):
         width = min(width, vocabulary)  # static, as JAX needs
     else:
         width = ops.minimum(width, vocabulary)
-    row_log_probs, row_ids = ops.top_k(log_probs, width)  # (n * K, 2K)
+    row_log_probs, row_ids = _top_k(log_probs, width)  # (n * K, 2K)
     candidates = ops.reshape(row_log_probs, (-1, beam_size, width)) + alive_log_probs[..., None]
     scores, picks = ops.top_k(ops.reshape(candidates, (-1, beam_size * width)), 2 * beam_size)
     ids = ops.take_along_axis(ops.reshape(row_ids, (-1, beam_size * width)), picks, axis=1)

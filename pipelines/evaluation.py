@@ -3,29 +3,30 @@
 import sacrebleu
 import tensorflow as tf
 
-from keras_transformer.decoding import greedy_search
-from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources
+from pipelines.translation import translate_strings
 
 
-def translate(model, tokenizer, sentences, batch_size=64, max_length=None):
+def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
     """Greedy translations of a list of sentences, in order.
 
     Args:
         model: a trained `Transformer`.
         tokenizer: tensorflow-text tokenizer used in training.
         sentences: list of str.
-        batch_size: int, sentences per decoding batch.
+        batch_size: int, sentences per call of the graph, which searches
+            them in length-sorted chunks.
         max_length: int or None, longest source kept (in tokens, EOS included).
 
     Returns:
         list of str, one translation per sentence.
     """
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
-        source = encode_sources(tokenizer, batch, EOS_ID, max_length)  # (B, S)
-        tokens = greedy_search(model, source)  # (B, T)
-        return decode_targets(tokenizer, tokens, EOS_ID)
+        texts, _ = translate_strings(
+            model, tokenizer, batch, beam_size=1, alpha=0.0, max_source_length=max_length
+        )
+        return texts[:, 0]
 
     outputs = []
     for start in range(0, len(sentences), batch_size):

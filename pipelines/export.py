@@ -4,8 +4,8 @@
 `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout). The SavedModel
 holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
 does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
-search with the key/value cache, detokenization. It needs only tensorflow and
-tensorflow-text to load.
+search with the key/value cache over length-sorted chunks of the request,
+detokenization. It needs only tensorflow and tensorflow-text to load.
 
 Signatures (every input is a string tensor `inputs` of shape `[None]`):
     serving_default: `translations` string `[None]`, `scores` float32 `[None]`,
@@ -31,17 +31,20 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_transformer.decoding import beam_search, greedy_search
 from pipelines.config import ConfigError, add_run_arguments, max_source_length, run_files
 from pipelines.corpus import DataError
-from pipelines.tokenizer import decode_targets, encode_sources
 from pipelines.translate import saved_versions
+from pipelines.translation import CHUNK_SIZE, translate_strings
 
 SIGNATURE_INPUT = "inputs"
 
 
 class Translator(tf.Module):
     """A Keras `Transformer` and its tokenizer, wrapped for `tf.saved_model.save`.
+
+    Every signature runs `pipelines.translation.translate_strings`: a request
+    is sorted by length and translated `chunk_size` sentences at a time, so its
+    memory does not grow with its size.
 
     The module tracks the tf.Variables its traced signatures read, not the
     Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
@@ -56,10 +59,18 @@ class Translator(tf.Module):
         beam_size: int, beam size of `serving_default` and `nbest`.
         alpha: float, length penalty exponent of `serving_default` and `nbest`.
         num_hypotheses: int, hypotheses per sentence returned by `nbest`.
+        chunk_size: int, the most sentences searched at once.
     """
 
     def __init__(
-        self, model, sentencepiece_path, max_source_length, beam_size=4, alpha=0.6, num_hypotheses=4
+        self,
+        model,
+        sentencepiece_path,
+        max_source_length,
+        beam_size=4,
+        alpha=0.6,
+        num_hypotheses=4,
+        chunk_size=CHUNK_SIZE,
     ):
         super().__init__(name="translator")
         # The file ships in the SavedModel's assets/ for users and other
@@ -68,43 +79,18 @@ class Translator(tf.Module):
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
         with open(sentencepiece_path, "rb") as handle:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
-        tokenizer = self.tokenizer
 
         def translate(sentences, beam_size, alpha, num_hypotheses):
-            # An empty batch skips the graph below, whose shapes assume a row.
-            return tf.cond(
-                tf.size(sentences) > 0,
-                lambda: translate_batch(sentences, beam_size, alpha, num_hypotheses),
-                lambda: (tf.zeros([0, num_hypotheses], tf.string), tf.zeros([0, num_hypotheses])),
+            return translate_strings(
+                model,
+                self.tokenizer,
+                sentences,
+                beam_size=beam_size,
+                alpha=alpha,
+                num_hypotheses=num_hypotheses,
+                max_source_length=max_source_length,
+                chunk_size=chunk_size,
             )
-
-        def search(source, beam_size, alpha, num_hypotheses):
-            # Beam 1 runs greedy search: the same translations and scores
-            # (tested), without the beam bookkeeping, in under half the time.
-            def greedy():
-                tokens, scores = greedy_search(model, source, alpha=alpha, return_scores=True)
-                return tokens[:, None], scores[:, None]
-
-            def beam():
-                return beam_search(
-                    model, source, beam_size=beam_size, alpha=alpha, num_hypotheses=num_hypotheses
-                )
-
-            if isinstance(beam_size, int):
-                return greedy() if beam_size == 1 else beam()
-            return tf.cond(tf.equal(beam_size, 1), greedy, beam)
-
-        def translate_batch(sentences, beam_size, alpha, num_hypotheses):
-            sentences = tf.strings.unicode_transcode(
-                sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-            )
-            empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)  # (B,)
-            source = encode_sources(tokenizer, sentences, model.eos_id, max_source_length)
-            tokens, scores = search(source, beam_size, alpha, num_hypotheses)  # (B, N, T), (B, N)
-            texts = decode_targets(tokenizer, tokens, model.eos_id)  # (B, N)
-            texts = tf.where(empty[:, None], "", texts)
-            scores = tf.where(empty[:, None], 0.0, scores)
-            return texts, scores
 
         sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
 
@@ -189,6 +175,12 @@ def _parse(argv):
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--nbest", type=int, default=4, help="hypotheses returned by `nbest`")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=CHUNK_SIZE,
+        help="the most sentences of a request searched at once (bounds memory)",
+    )
     return parser.parse_args(argv)
 
 
@@ -197,6 +189,8 @@ def _resolve(args):
     max_length = max_source_length(args)
     if not 1 <= args.nbest <= args.beam_size:
         raise DataError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
+    if args.chunk_size < 1:
+        raise DataError(f"--chunk-size must be positive. Received: {args.chunk_size}")
     return model_path, spm_path, max_length
 
 
@@ -205,7 +199,9 @@ def main(argv=None):
     try:
         model_path, spm_path, max_length = _resolve(args)
         model = keras.saving.load_model(model_path)
-        translator = Translator(model, spm_path, max_length, args.beam_size, args.alpha, args.nbest)
+        translator = Translator(
+            model, spm_path, max_length, args.beam_size, args.alpha, args.nbest, args.chunk_size
+        )
         target = export(translator, os.path.join(args.base, args.name), args.version)
     except (ConfigError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)

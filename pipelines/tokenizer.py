@@ -94,35 +94,3 @@ def load_tokenizer(model_path):
 def vocabulary_size(model_path):
     """Returns the number of pieces in a SentencePiece model file."""
     return spm.SentencePieceProcessor(model_file=model_path).get_piece_size()
-
-
-def encode_sources(tokenizer, sentences, eos_id, max_length=None):
-    """Sentences to padded source ids, as the training pipeline encodes them.
-
-    Args:
-        tokenizer: a tensorflow-text SentencePiece tokenizer.
-        sentences: string `(B,)`.
-        eos_id: int, appended to every source.
-        max_length: int or None, the most ids kept per source (EOS included).
-
-    Returns:
-        int32 `(B, S)` ids, padded with 0.
-    """
-    pieces = tokenizer.tokenize(sentences)  # ragged (B, None)
-    if max_length:
-        pieces = pieces[:, : max_length - 1]
-    eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(eos_id, pieces.dtype))
-    return tf.concat([pieces, eos], axis=1).to_tensor()  # (B, S)
-
-
-def decode_targets(tokenizer, token_ids, eos_id):
-    """Detokenizes `(..., T)` hypotheses, dropping EOS and what follows it.
-
-    Returns:
-        string tensor of shape `token_ids.shape[:-1]`.
-    """
-    shape = tf.shape(token_ids)
-    flat = tf.reshape(token_ids, [-1, shape[-1]])  # (R, T)
-    keep = tf.math.cumsum(tf.cast(tf.equal(flat, eos_id), tf.int32), axis=1) == 0
-    texts = tokenizer.detokenize(tf.ragged.boolean_mask(flat, keep))  # (R,)
-    return tf.reshape(texts, shape[:-1])

@@ -256,3 +256,14 @@ def test_early_stop_ends_a_sentence_when_its_best_extension_ends():
     np.testing.assert_array_equal(to_numpy(early)[0, 0, :1], [EOS])
     assert to_numpy(full)[0, 0, 0] == 4  # the longer hypothesis wins under the length penalty
     assert to_numpy(full_scores)[0, 0] > to_numpy(early_scores)[0, 0]
+
+
+@pytest.mark.parametrize("size, k", [(8000, 8), (1000, 3), (70, 8), (5, 4)])
+def test_blockwise_top_k_equals_a_full_sort(size, k):
+    from keras_transformer.decoding import _top_k
+
+    values = np.random.default_rng(size).normal(size=(6, size)).astype("float32")
+    top, indices = _top_k(keras.ops.convert_to_tensor(values), k)
+    expected = np.argsort(-values, axis=1)[:, :k]
+    np.testing.assert_array_equal(to_numpy(indices), expected)
+    np.testing.assert_array_equal(to_numpy(top), np.take_along_axis(values, expected, axis=1))

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.rows import apply_to_rows
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TokenEmbedding(keras.layers.Layer):
@@ -85,7 +87,9 @@ class TokenEmbedding(keras.layers.Layer):
     def call(self, inputs, reverse=False):
         embeddings = ops.cast(self.embeddings, self.compute_dtype)
         if reverse:
-            return ops.matmul(inputs, ops.transpose(embeddings))  # (B, T, V)
+            return apply_to_rows(
+                lambda rows: ops.matmul(rows, ops.transpose(embeddings)), inputs
+            )  # (B, T, V)
         outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
         if self.scale:
             outputs = outputs * ops.cast(math.sqrt(self.embedding_dim), outputs.dtype)

@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.layers.rows import apply_to_rows
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForward(keras.layers.Layer):
@@ -80,9 +82,12 @@ class FeedForward(keras.layers.Layer):
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
     def call(self, inputs, training=None):
-        hidden = self._intermediate_dense(inputs)  # (B, T, d_ff)
-        hidden = self._dropout_layer(hidden, training=training)
-        return self._output_dense(hidden)  # (B, T, D)
+        def feed_forward(rows):  # (B * T, D)
+            hidden = self._intermediate_dense(rows)  # (B * T, d_ff)
+            hidden = self._dropout_layer(hidden, training=training)
+            return self._output_dense(hidden)  # (B * T, D)
+
+        return apply_to_rows(feed_forward, inputs)  # (B, T, D)
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

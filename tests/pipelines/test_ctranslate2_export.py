@@ -10,7 +10,8 @@ import tensorflow as tf
 from keras_transformer import beam_search, greedy_search
 from pipelines import ctranslate2_export, train
 from pipelines.corpus import read_lines
-from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources, load_tokenizer
+from pipelines.tokenizer import EOS_ID, load_tokenizer
+from pipelines.translation import decode, encode
 from tests.pipelines.conftest import tiny_translation_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -92,13 +93,13 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
     model = keras.saving.load_model(f"{run}/model.keras")
     tokenizer = load_tokenizer(f"{run}/sentencepiece.model")
     max_length = json.load(open(f"{run}/config.json"))["max_length"]
-    source_ids = encode_sources(tokenizer, tf.constant(sources), EOS_ID, max_length)
+    source_ids = encode(tokenizer, tf.constant(sources), EOS_ID, max_length).to_tensor()
     translator = ctranslate2_export.CTranslate2Translator(path)
     # With no length penalty both beam searches maximise the same score.
     greedy = greedy_search(model, source_ids, return_scores=True)
     beam = beam_search(model, source_ids, beam_size=4, alpha=0.0)
     for beam_size, (tokens, scores) in ((1, greedy), (4, (beam[0][:, 0], beam[1][:, 0]))):
-        ours = [t.decode() for t in decode_targets(tokenizer, tokens, EOS_ID).numpy()]
+        ours = [t.decode() for t in decode(tokenizer, tokens, EOS_ID).numpy()]
         theirs, their_scores, _ = translator.translate(sources, beam_size, length_penalty=0.0)
         same = [a == b for a, b in zip(ours, theirs, strict=True)]
         assert np.mean(same) >= 0.95, (beam_size, np.mean(same))

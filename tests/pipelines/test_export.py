@@ -13,7 +13,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 from keras_transformer import beam_search, greedy_search
 from pipelines import export
 from pipelines.corpus import DataError
-from pipelines.tokenizer import EOS_ID, decode_targets, encode_sources
+from pipelines.tokenizer import EOS_ID
+from pipelines.translation import decode, encode
 from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,20 +32,20 @@ def exported(tmp_path_factory):
         root, 150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
     )
     translator = export.Translator(
-        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3
+        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3, chunk_size=3
     )
     path = export.export(translator, str(root / "saved_models" / "tiny"))
     return translator, model, spm_path, path
 
 
 def keras_beam_search(translator, model, sentences):
-    """The Keras model's beam search, outside any SavedModel."""
+    """The Keras model's beam search on the whole batch, outside any SavedModel."""
 
     @tf.function
     def run(sentences):
-        source = encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
         tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, num_hypotheses=3)
-        return decode_targets(translator.tokenizer, tokens, EOS_ID), scores
+        return decode(translator.tokenizer, tokens, EOS_ID), scores
 
     texts, scores = run(tf.constant(sentences))
     return [[t.decode("utf-8") for t in row] for row in texts.numpy()], scores.numpy()
@@ -96,9 +97,9 @@ def test_translate_signature_with_beam_1_is_greedy_search(exported, served):
 
     @tf.function
     def greedy(sentences):
-        source = encode_sources(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH)
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
         tokens, scores = greedy_search(model, source, alpha=0.6, return_scores=True)
-        return decode_targets(translator.tokenizer, tokens, EOS_ID), scores
+        return decode(translator.tokenizer, tokens, EOS_ID), scores
 
     texts, scores = greedy(tf.constant([INPUTS[i] for i in real]))
     assert [served["greedy"][i] for i in real] == [t.decode() for t in texts.numpy()]
@@ -213,3 +214,26 @@ def test_translate_command_writes_the_signatures_translations_in_order(exported,
     result = subprocess.run(missing, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 2 and "error: no SavedModel at" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_large_request_returns_what_small_requests_return(exported):
+    """1,000 sentences in one request, sorted and chunked in the graph, against 16 requests."""
+    from pipelines.default_corpus import generate_pairs
+    from pipelines.translation import translate_strings
+
+    translator, model, _, _ = exported
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(batch):
+        return translate_strings(
+            model, translator.tokenizer, batch, beam_size=4, alpha=0.6,
+            max_source_length=MAX_SOURCE_LENGTH, chunk_size=64,
+        )  # fmt: skip
+
+    sentences = [source for source, _ in generate_pairs(1000, seed=3)]
+    texts, scores = serve(tf.constant(sentences))
+    parts = [serve(tf.constant(sentences[i : i + 64])) for i in range(0, 1000, 64)]
+    assert len(parts) == 16
+    np.testing.assert_array_equal(texts.numpy(), np.concatenate([p[0].numpy() for p in parts]))
+    np.testing.assert_array_equal(scores.numpy(), np.concatenate([p[1].numpy() for p in parts]))
+    assert len(set(texts.numpy()[:, 0])) > 100  # distinct translations, not one repeated

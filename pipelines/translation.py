@@ -1,0 +1,157 @@
+"""The translation path: strings -> ids -> search -> strings, in one TensorFlow graph.
+
+`translate_strings` is what the exported SavedModel runs, what in-process
+evaluation and the benchmarks call, and what the tests compare the export
+against. It repairs UTF-8, tokenizes, sorts the batch by length, translates it
+in chunks of at most `chunk_size` sentences, one chunk after another, and
+returns the translations in input order. Memory therefore depends on the chunk
+size and the longest sentence allowed, not on how many sentences a request
+holds, and sentences of similar length share a chunk.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.decoding import beam_search, greedy_search
+
+# Sentences translated together: enough rows for the matrix products to pay,
+# few enough that one chunk's caches stay small (benchmarks/decoding.py).
+CHUNK_SIZE = 64
+
+
+def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True):
+    """Beam search, or greedy search for beam size 1 (the same results, tested).
+
+    Args:
+        model: a `Transformer`.
+        source_ids: int32 `(B, S)`.
+        beam_size: int, or int32 scalar tensor chosen at run time.
+        alpha: float or float32 scalar, length penalty exponent.
+        num_hypotheses: int `N`.
+        use_cache: bool, False for the prefix-recomputing reference decoder.
+
+    Returns:
+        `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`.
+    """
+
+    def greedy():
+        tokens, scores = greedy_search(
+            model, source_ids, alpha=alpha, use_cache=use_cache, return_scores=True
+        )
+        tokens = tf.tile(tokens[:, None], [1, num_hypotheses, 1])  # one hypothesis, repeated
+        return tokens, tf.tile(scores[:, None], [1, num_hypotheses])
+
+    def beam():
+        return beam_search(
+            model,
+            source_ids,
+            beam_size=beam_size,
+            alpha=alpha,
+            num_hypotheses=num_hypotheses,
+            use_cache=use_cache,
+        )
+
+    if isinstance(beam_size, int):
+        return greedy() if beam_size == 1 else beam()
+    return tf.cond(tf.equal(beam_size, 1), greedy, beam)
+
+
+def encode(tokenizer, sentences, eos_id, max_length=None):
+    """UTF-8-repaired sentences to ragged source ids, as training encodes them.
+
+    Args:
+        tokenizer: a tensorflow-text SentencePiece tokenizer.
+        sentences: string `(B,)`; bytes that are not UTF-8 become U+FFFD.
+        eos_id: int, appended to every source.
+        max_length: int or None, the most ids kept per source (EOS included).
+
+    Returns:
+        int32 ragged `(B, None)` ids.
+    """
+    sentences = tf.strings.unicode_transcode(
+        sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+    pieces = tf.cast(tokenizer.tokenize(sentences), tf.int32)  # ragged (B, None)
+    if max_length:
+        pieces = pieces[:, : max_length - 1]
+    eos = tf.fill([tf.shape(sentences)[0], 1], eos_id)
+    return tf.concat([pieces, eos], axis=1)
+
+
+def decode(tokenizer, token_ids, eos_id):
+    """Detokenizes `(..., T)` hypotheses, dropping EOS and what follows it.
+
+    Returns:
+        string tensor of shape `token_ids.shape[:-1]`.
+    """
+    shape = tf.shape(token_ids)
+    flat = tf.reshape(token_ids, [-1, shape[-1]])  # (R, T)
+    keep = tf.math.cumsum(tf.cast(tf.equal(flat, eos_id), tf.int32), axis=1) == 0
+    texts = tokenizer.detokenize(tf.ragged.boolean_mask(flat, keep))  # (R,)
+    return tf.reshape(texts, shape[:-1])
+
+
+def translate_strings(
+    model,
+    tokenizer,
+    sentences,
+    beam_size=4,
+    alpha=0.6,
+    num_hypotheses=1,
+    max_source_length=None,
+    chunk_size=CHUNK_SIZE,
+    use_cache=True,
+):
+    """Translates a batch of sentences in the graph, chunk by chunk, in input order.
+
+    An empty (or all-space) sentence translates to "" with score 0; a source
+    longer than `max_source_length` ids is cut to that length; an empty batch
+    gives empty outputs.
+
+    Args:
+        model: a trained `Transformer`.
+        tokenizer: the tensorflow-text tokenizer it was trained with.
+        sentences: string `(B,)`.
+        beam_size: int or int32 scalar; 1 runs greedy search.
+        alpha: float or float32 scalar, length penalty exponent.
+        num_hypotheses: int `N`, hypotheses returned per sentence.
+        max_source_length: int or None, source ids kept (EOS included).
+        chunk_size: int, the most sentences searched at once.
+        use_cache: bool, False for the prefix-recomputing reference decoder.
+
+    Returns:
+        `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
+        scores are log-probabilities divided by the GNMT length penalty.
+    """
+    sentences = tf.convert_to_tensor(sentences, tf.string)
+    source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
+    # Stable, so equal lengths keep their input order and results do not
+    # depend on how a request was split.
+    order = tf.argsort(source.row_lengths(), stable=True)  # (B,)
+    count = tf.size(order)
+    chunks = (count + chunk_size - 1) // chunk_size
+
+    def body(chunk, texts, scores):
+        rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
+        source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
+        tokens, chunk_scores = search(
+            model, source_ids, beam_size, alpha, num_hypotheses, use_cache
+        )  # (C, N, T), (C, N)
+        texts = texts.write(chunk, decode(tokenizer, tokens, model.eos_id))
+        return chunk + 1, texts, scores.write(chunk, chunk_scores)
+
+    arrays = [
+        tf.TensorArray(dtype, size=chunks, infer_shape=False, element_shape=[None, num_hypotheses])
+        for dtype in (tf.string, tf.float32)
+    ]
+    # One chunk at a time: parallel iterations would hold several chunks' caches.
+    _, texts, scores = tf.while_loop(
+        lambda chunk, *_: chunk < chunks,
+        body,
+        (tf.constant(0), *arrays),
+        parallel_iterations=1,
+    )
+    texts, scores = texts.concat(), scores.concat()  # (B, N) in length order
+    inverse = tf.math.invert_permutation(order)
+    texts, scores = tf.gather(texts, inverse), tf.gather(scores, inverse)
+    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)[:, None]  # (B, 1)
+    return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)

@@ -13,11 +13,13 @@ trained model, greedy and beam 4, through:
 - `saved_model`: the exported SavedModel's `translate` signature, loaded back;
 - `ctranslate2`: the same weights converted by `pipelines.ctranslate2_export`
   (when CTranslate2 is installed), float32, 2 threads.
-All take the same sentences in the same batches (sorted by length, 64 a
-batch) and include tokenization. Each repetition runs every decoder once, in
-turn; the figure is the median. Prints a table and writes
-benchmarks/results/decoding.json with sentences/s, target tokens/s, BLEU and
-the speed ratios.
+All take the same sentences, include tokenization, and search them sorted by
+length in batches of `--batch-size` (128, the export's default chunk size):
+ours receive requests of 1,024 sentences, which the graph sorts and chunks;
+CTranslate2 receives all sentences with `max_batch_size` set to the same size.
+Each repetition runs every decoder once, in turn; the figure is the median.
+Prints a table and writes benchmarks/results/decoding.json with sentences/s,
+target tokens/s, BLEU and the speed ratios.
 """
 
 import argparse
@@ -33,7 +35,7 @@ from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
 DECODERS = ("cached", "uncached", "saved_model", "ctranslate2")
 
 
-def _keras_decoder(model, tok, max_length, use_cache):
+def _keras_decoder(model, tok, max_length, use_cache, chunk_size):
     import tensorflow as tf
 
     from pipelines.translation import translate_strings
@@ -41,7 +43,14 @@ def _keras_decoder(model, tok, max_length, use_cache):
     @tf.function(reduce_retracing=True)
     def run(inputs, beam_size, alpha):
         texts, scores = translate_strings(
-            model, tok, inputs, beam_size, alpha, max_source_length=max_length, use_cache=use_cache
+            model,
+            tok,
+            inputs,
+            beam_size,
+            alpha,
+            max_source_length=max_length,
+            chunk_size=chunk_size,
+            use_cache=use_cache,
         )
         return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
@@ -51,7 +60,7 @@ def _keras_decoder(model, tok, max_length, use_cache):
     return signature
 
 
-def build_decoders(run_dir, max_length, work_dir, names):
+def build_decoders(run_dir, max_length, work_dir, names, batch_size):
     """`{name: translate(sentences, beam_size, alpha) -> list of str}`."""
     import keras
     import tensorflow as tf
@@ -74,9 +83,11 @@ def build_decoders(run_dir, max_length, work_dir, names):
 
     for use_cache, name in ((True, "cached"), (False, "uncached")):
         if name in names:
-            decoders[name] = lines_translator(_keras_decoder(model, tok, max_length, use_cache))
+            decoders[name] = lines_translator(
+                _keras_decoder(model, tok, max_length, use_cache, batch_size)
+            )
     if "saved_model" in names:
-        translator = export.Translator(model, spm_path, max_length)
+        translator = export.Translator(model, spm_path, max_length, chunk_size=batch_size)
         path = export.export(translator, os.path.join(work_dir, "saved_models", "model"))
         decoders["saved_model"] = lines_translator(
             tf.saved_model.load(path).signatures["translate"]
@@ -90,7 +101,9 @@ def build_decoders(run_dir, max_length, work_dir, names):
             path = convert(model, spm_path, os.path.join(work_dir, "ct2"), max_length)
             ct2 = CTranslate2Translator(path, threads=os.cpu_count() or 1)
             # CTranslate2's length penalty differs from GNMT's (see its module).
-            decoders["ctranslate2"] = lambda s, beam, alpha: ct2.translate(s, beam, alpha)[0]
+            decoders["ctranslate2"] = lambda s, beam, alpha: ct2.translate(
+                s, beam, alpha, batch_size=batch_size
+            )[0]
     return decoders
 
 
@@ -147,7 +160,7 @@ def summarize(args, argv, cases, seconds, outputs, sources, references, pieces):
             "repeats": args.repeats,
             "repeats_completed": min(len(s) for s in seconds.values()),
             "alpha": args.alpha,
-            "batch_size": 64,
+            "batch_size": args.batch_size,
             "results": results,
             "ratios": ratios,
         },
@@ -164,6 +177,7 @@ def main(argv=None):
     parser.add_argument("--reference", help="reference translations, aligned with --source")
     parser.add_argument("--sentences", type=int, help="use only the first N sentences")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=128, help="sentences searched at once")
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=DECODERS)
@@ -191,7 +205,9 @@ def main(argv=None):
     )
 
     with tempfile.TemporaryDirectory() as work_dir:
-        decoders = build_decoders(args.run_dir, max_length, work_dir, args.decoders)
+        decoders = build_decoders(
+            args.run_dir, max_length, work_dir, args.decoders, args.batch_size
+        )
         cases = [(name, beam) for beam in args.beams for name in decoders]
         for name, beam in cases:  # tracing and loading, not timed
             # Two batch shapes: the second trace is the shape-generic one.

@@ -37,7 +37,7 @@ def resolve_version(path):
     return os.path.join(path, str(max(versions)))
 
 
-def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=64, progress=None):
+def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, progress=None):
     """Translates byte strings in batches of similar length, returning them in order.
 
     Args:
@@ -45,7 +45,8 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=64, pro
         lines: list of bytes, one sentence each.
         beam_size: int, 1 for greedy search.
         alpha: float, length penalty exponent.
-        batch_size: int, sentences per call.
+        batch_size: int, sentences per call; the SavedModel sorts a call's
+            sentences by length and searches them in chunks.
         progress: callable(done, total) or None.
 
     Returns:
@@ -88,7 +89,9 @@ def main(argv=None):
     parser.add_argument("--output", help="defaults to stdout")
     parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy search")
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument(
+        "--batch-size", type=int, default=1024, help="sentences per call of the SavedModel"
+    )
     args = parser.parse_args(argv)
     try:
         if args.beam_size < 1 or args.batch_size < 1:

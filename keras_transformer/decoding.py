@@ -211,7 +211,7 @@ def greedy_search(
         model, source_ids, max_length, extra_length, use_cache, static_shapes
     )
     if not static:
-        state = _take(state, rows)  # sized by `_unknown`, so rows may leave
+        state = _take(state, rows)  # rows of a traced size, so they may leave
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
     lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)

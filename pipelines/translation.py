@@ -20,7 +20,7 @@ from keras_transformer.decoding import beam_search, greedy_search
 CHUNK_SIZE = 128
 
 
-def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True):
+def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True, early_stop=False):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
     Args:
@@ -30,6 +30,7 @@ def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True):
         alpha: float or float32 scalar, length penalty exponent.
         num_hypotheses: int `N`.
         use_cache: bool, False for the prefix-recomputing reference decoder.
+        early_stop: bool, beam search's early stopping rule (see `beam_search`).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`.
@@ -50,6 +51,7 @@ def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True):
             alpha=alpha,
             num_hypotheses=num_hypotheses,
             use_cache=use_cache,
+            early_stop=early_stop,
         )
 
     if isinstance(beam_size, int):
@@ -102,6 +104,7 @@ def translate_strings(
     max_source_length=None,
     chunk_size=CHUNK_SIZE,
     use_cache=True,
+    early_stop=False,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -119,6 +122,7 @@ def translate_strings(
         max_source_length: int or None, source ids kept (EOS included).
         chunk_size: int, the most sentences searched at once.
         use_cache: bool, False for the prefix-recomputing reference decoder.
+        early_stop: bool, beam search's early stopping rule (see `beam_search`).
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
@@ -136,7 +140,7 @@ def translate_strings(
         rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
         tokens, chunk_scores = search(
-            model, source_ids, beam_size, alpha, num_hypotheses, use_cache
+            model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop
         )  # (C, N, T), (C, N)
         texts = texts.write(chunk, decode(tokenizer, tokens, model.eos_id))
         return chunk + 1, texts, scores.write(chunk, chunk_scores)

@@ -47,7 +47,9 @@ KINDS = {
 
 def kind_of(op_type):
     """The kind of an op type; anything unlisted is element-wise arithmetic."""
-    name = op_type.lstrip("_").replace("Mkl", "").replace("Fused", "")
+    name = op_type.lstrip("_")
+    for variant in ("Mkl", "Native", "Fused"):  # oneDNN's versions of the same ops
+        name = name.replace(variant, "")
     for kind, prefixes in KINDS.items():
         if any(name.startswith(prefix.lstrip("_")) for prefix in prefixes):
             return kind

@@ -5,7 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import decoding, multi30k_recipe, pipeline_efficiency, training_throughput
+from benchmarks import (
+    beam_stop_rule,
+    decoding,
+    decoding_profile,
+    multi30k_recipe,
+    pipeline_efficiency,
+    request_size,
+    training_throughput,
+)
 from tests.pipelines.conftest import tiny_translation_model
 
 
@@ -62,8 +70,11 @@ def test_model_flops_match_the_models_weights():
     assert flops == 6 * (kernels + d * v + attention)
 
 
-def test_decoding_smoke(tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """An untrained tiny model's run folder and a source/reference pair of files."""
+    root = tmp_path_factory.mktemp("benchmarks")
+    run = root / "run"
     run.mkdir()
     model, spm_path = tiny_translation_model(
         run, 120, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2
@@ -71,12 +82,17 @@ def test_decoding_smoke(tmp_path):
     model.save(run / "model.keras")
     (run / "config.json").write_text(json.dumps({"max_length": 16}))
     sentences = ["Monday, March 3, 2014", "4:08 PM", "12.5%", "84°C"] * 4
-    (tmp_path / "source").write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    (tmp_path / "reference").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (root / "source").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (root / "reference").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return root
+
+
+def test_decoding_smoke(tiny_run, tmp_path):
+    run = tiny_run / "run"
     output = tmp_path / "decoding.json"
-    argv = ["--run-dir", str(run), "--source", str(tmp_path / "source"),
-            "--reference", str(tmp_path / "reference"), "--repeats", "1",
-            "--beams", "1", "2", "--output", str(output)]  # fmt: skip
+    argv = ["--run-dir", str(run), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1",
+            "--beams", "1", "2", "--batch-size", "4", "--output", str(output)]  # fmt: skip
     assert decoding.main(argv) == 0
     result = read(output)
     decoders = ["cached", "uncached", "saved_model", "ctranslate2"]
@@ -102,3 +118,47 @@ def test_multi30k_recipe_smoke(multi30k_dir, tmp_path):
     for case in ("cased", "lowercased"):
         assert result["test_2016_flickr"][case]["sentences"] == 20
     assert "case:lc" in result["test_2016_flickr"]["lowercased"]["bleu_signature"]
+
+
+def test_decoding_profile_smoke(tiny_run, tmp_path):
+    output = tmp_path / "profile.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--batch-size", "4", "--repeats", "1", "--beams", "1", "2",
+            "--output", str(output)]  # fmt: skip
+    assert decoding_profile.main(argv) == 0
+    for entry in read(output)["results"].values():
+        shares = entry["share_by_kind"]
+        assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+        assert shares["matrix products"] > 0 and entry["ops_per_call"] > 100
+        assert entry["steps"] >= 1 and entry["milliseconds_per_step"] > 0
+
+
+def test_profile_kinds_name_the_ops_that_matter():
+    assert decoding_profile.kind_of("_MklBatchMatMulV2") == "matrix products"
+    assert decoding_profile.kind_of("_MklNativeFusedMatMul") == "matrix products"
+    assert decoding_profile.kind_of("GatherV2") == "copies and layout"
+    assert decoding_profile.kind_of("TopKV2") == "top-k and argmax"
+    assert decoding_profile.kind_of("AddV2") == "element-wise"
+
+
+def test_beam_stop_rule_smoke(tiny_run, tmp_path):
+    output = tmp_path / "rule.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1",
+            "--output", str(output)]  # fmt: skip
+    assert beam_stop_rule.main(argv) == 0
+    result = read(output)
+    assert set(result["results"]) == {"default", "early_stop"}
+    assert 0 <= result["translations_that_differ"] <= result["sentences"] == 16
+
+
+@pytest.mark.slow
+def test_request_size_smoke(tiny_run, tmp_path):
+    output = tmp_path / "requests.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--sentences", "16", "--small", "4", "--output", str(output)]  # fmt: skip
+    assert request_size.main(argv) == 0
+    result = read(output)
+    assert result["results"]["requests_of_4"]["requests"] == 4
+    for entry in result["results"].values():
+        assert entry["peak_rss_mib"] >= entry["rss_after_loading_mib"] > 0

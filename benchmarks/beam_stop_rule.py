@@ -20,7 +20,15 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    add_parallel_arguments,
+    load_run,
+    median,
+    read_parallel,
+    table,
+    write_result,
+)
 
 RULES = {"default": False, "early_stop": True}
 
@@ -28,34 +36,20 @@ RULES = {"default": False, "early_stop": True}
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="a training output folder")
-    parser.add_argument("--multi30k-dir", help="reads val.{en,de}.gz from here")
-    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
-    parser.add_argument("--reference", help="reference translations, aligned with --source")
+    add_parallel_arguments(parser, "val")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default=os.path.join(RESULTS, "beam_stop_rule.json"))
     args = parser.parse_args(argv)
 
-    import json
-
-    import keras
     import sacrebleu
     import tensorflow as tf
 
-    import keras_transformer  # noqa: F401  registers the model classes
-    from pipelines.corpus import read_lines
     from pipelines.tokenizer import load_tokenizer
     from pipelines.translation import translate_strings
 
-    if args.multi30k_dir:
-        args.source = args.source or os.path.join(args.multi30k_dir, "val.en.gz")
-        args.reference = args.reference or os.path.join(args.multi30k_dir, "val.de.gz")
-    if not args.source or not args.reference:
-        parser.error("give --multi30k-dir, or --source and --reference")
-    sources, references = read_lines(args.source), read_lines(args.reference)
-    model = keras.saving.load_model(os.path.join(args.run_dir, "model.keras"))
+    sources, references = read_parallel(parser, args, "val")
+    model, max_length = load_run(args.run_dir)
     tokenizer = load_tokenizer(os.path.join(args.run_dir, "sentencepiece.model"))
-    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
 
     def translator(early_stop):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])

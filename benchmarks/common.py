@@ -48,3 +48,36 @@ def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def add_parallel_arguments(parser, split):
+    """`--multi30k-dir` (reads Multi30k's `split`), or `--source` and `--reference`."""
+    parser.add_argument("--multi30k-dir", help=f"reads {split}.{{en,de}}.gz from here")
+    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
+    parser.add_argument("--reference", help="reference translations, aligned with --source")
+
+
+def read_parallel(parser, args, split):
+    """`(sources, references)`, lists of str, from the arguments `add_parallel_arguments` adds.
+
+    Sets `args.source` and `args.reference` to the files read.
+    """
+    from pipelines.corpus import read_lines
+
+    if args.multi30k_dir:
+        args.source = args.source or os.path.join(args.multi30k_dir, f"{split}.en.gz")
+        args.reference = args.reference or os.path.join(args.multi30k_dir, f"{split}.de.gz")
+    if not args.source or not args.reference:
+        parser.error("give --multi30k-dir, or --source and --reference")
+    return read_lines(args.source), read_lines(args.reference)
+
+
+def load_run(run_dir):
+    """`(model, max_length)`: a training run's model and its longest source, in tokens."""
+    import keras
+
+    import keras_transformer  # noqa: F401  registers the model classes
+
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as handle:
+        max_length = json.load(handle)["max_length"]
+    return keras.saving.load_model(os.path.join(run_dir, "model.keras")), max_length

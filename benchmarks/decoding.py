@@ -30,7 +30,15 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    add_parallel_arguments,
+    load_run,
+    median,
+    read_parallel,
+    table,
+    write_result,
+)
 
 DECODERS = ("cached", "uncached", "saved_model", "ctranslate2")
 
@@ -60,16 +68,14 @@ def _keras_decoder(model, tok, max_length, use_cache, chunk_size):
     return signature
 
 
-def build_decoders(run_dir, max_length, work_dir, names, batch_size):
+def build_decoders(run_dir, work_dir, names, batch_size):
     """`{name: translate(sentences, beam_size, alpha) -> list of str}`."""
-    import keras
     import tensorflow as tf
 
-    import keras_transformer  # noqa: F401
     from pipelines import export, tokenizer
     from pipelines.translate import translate_lines
 
-    model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
+    model, max_length = load_run(run_dir)
     spm_path = os.path.join(run_dir, "sentencepiece.model")
     tok = tokenizer.load_tokenizer(spm_path)
     decoders = {}
@@ -172,9 +178,7 @@ def summarize(args, argv, cases, seconds, outputs, sources, references, pieces):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="a training output folder")
-    parser.add_argument("--multi30k-dir", help="reads test_2016_flickr.{en,de}.gz from here")
-    parser.add_argument("--source", help="source sentences (instead of --multi30k-dir)")
-    parser.add_argument("--reference", help="reference translations, aligned with --source")
+    add_parallel_arguments(parser, "test_2016_flickr")
     parser.add_argument("--sentences", type=int, help="use only the first N sentences")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128, help="sentences searched at once")
@@ -184,30 +188,17 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "decoding.json"))
     args = parser.parse_args(argv)
 
-    import json
-
     import sentencepiece
 
-    from pipelines.corpus import read_lines
-
-    if args.multi30k_dir:
-        args.source = args.source or os.path.join(args.multi30k_dir, "test_2016_flickr.en.gz")
-        args.reference = args.reference or os.path.join(args.multi30k_dir, "test_2016_flickr.de.gz")
-    if not args.source or not args.reference:
-        parser.error("give --multi30k-dir, or --source and --reference")
-    sources, references = read_lines(args.source), read_lines(args.reference)
+    sources, references = read_parallel(parser, args, "test_2016_flickr")
     if args.sentences:
         sources, references = sources[: args.sentences], references[: args.sentences]
-    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
     pieces = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(args.run_dir, "sentencepiece.model")
     )
 
     with tempfile.TemporaryDirectory() as work_dir:
-        decoders = build_decoders(
-            args.run_dir, max_length, work_dir, args.decoders, args.batch_size
-        )
+        decoders = build_decoders(args.run_dir, work_dir, args.decoders, args.batch_size)
         cases = [(name, beam) for beam in args.beams for name in decoders]
         for name, beam in cases:  # tracing and loading, not timed
             # Two batch shapes: the second trace is the shape-generic one.

@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+from benchmarks.common import RESULTS, load_run, median, table, write_result  # noqa: E402
 
 KINDS = {
     "matrix products": ("MatMul", "BatchMatMul", "Einsum", "Conv"),
@@ -106,9 +106,6 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
 
-    import json
-
-    import keras
     import numpy as np
     import sentencepiece
     import tensorflow as tf
@@ -116,9 +113,7 @@ def main(argv=None):
     import keras_transformer as kt
     from pipelines.corpus import read_lines
 
-    model = keras.saving.load_model(os.path.join(args.run_dir, "model.keras"))
-    with open(os.path.join(args.run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
+    model, max_length = load_run(args.run_dir)
     sentences = sorted(read_lines(args.source), key=len)
     middle = max(0, len(sentences) // 2 - args.batch_size // 2)
     batch = sentences[middle : middle + args.batch_size]

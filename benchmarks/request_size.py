@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, table, write_result  # noqa: E402
+from benchmarks.common import RESULTS, load_run, table, write_result  # noqa: E402
 
 CLIENT = """
 import json, resource, sys, time
@@ -68,16 +68,11 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "request_size.json"))
     args = parser.parse_args(argv)
 
-    import keras
-
-    import keras_transformer  # noqa: F401  registers the model classes
     from pipelines import export
-    from pipelines.config import max_source_length
     from pipelines.corpus import read_lines
 
     sentences = read_lines(args.source)[: args.sentences]
-    model = keras.saving.load_model(os.path.join(args.run_dir, "model.keras"))
-    max_length = max_source_length(argparse.Namespace(run_dir=args.run_dir, max_source_length=None))
+    model, max_length = load_run(args.run_dir)
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as work_dir:
         translator = export.Translator(

@@ -103,8 +103,11 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
         theirs, their_scores, _ = translator.translate(sources, beam_size, length_penalty=0.0)
         same = [a == b for a, b in zip(ours, theirs, strict=True)]
         assert np.mean(same) >= 0.95, (beam_size, np.mean(same))
+        # Two engines' float32 arithmetic on a weakly trained model: a sentence's
+        # log-probability differed by up to 8e-3 (per-token agreement on random
+        # models is tested above at 2e-4).
         np.testing.assert_allclose(
-            np.array(their_scores)[same], np.asarray(scores)[same], rtol=1e-3, atol=5e-3
+            np.array(their_scores)[same], np.asarray(scores)[same], rtol=1e-3, atol=1e-2
         )
 
 

@@ -235,5 +235,8 @@ def test_a_large_request_returns_what_small_requests_return(exported):
     parts = [serve(tf.constant(sentences[i : i + 64])) for i in range(0, 1000, 64)]
     assert len(parts) == 16
     np.testing.assert_array_equal(texts.numpy(), np.concatenate([p[0].numpy() for p in parts]))
-    np.testing.assert_array_equal(scores.numpy(), np.concatenate([p[1].numpy() for p in parts]))
+    # Matrix products of other row counts round differently in the last bits.
+    np.testing.assert_allclose(
+        scores.numpy(), np.concatenate([p[1].numpy() for p in parts]), rtol=1e-5
+    )
     assert len(set(texts.numpy()[:, 0])) > 100  # distinct translations, not one repeated

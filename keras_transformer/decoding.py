@@ -465,9 +465,9 @@ def beam_search(
     )
     beams = ops.arange(beam_size)
 
-    def rows_of(sentence_indices):
-        """`(n,)` sentence indices -> `(n * K,)` rows of their hypotheses."""
-        return ops.reshape(sentence_indices[:, None] * beam_size + beams[None], (-1,))
+    def rows_of(sentence_indices, hypotheses=beams[None]):
+        """`(n,)` sentence indices and `(n or 1, K)` hypotheses of each -> `(n * K,)` rows."""
+        return ops.reshape(sentence_indices[:, None] * beam_size + hypotheses, (-1,))
 
     def condition(index, sentences, alive, state, finished, done, outputs):
         return ops.logical_and(index < width, ops.logical_not(ops.all(done)))
@@ -496,11 +496,8 @@ def beam_search(
             for output, values in zip(outputs, finished, strict=True)
         )
         # Each live hypothesis continues its parent's self-attention cache.
-        first_rows = ops.arange(ops.shape(parents)[0]) * beam_size  # (n,)
-        state = {
-            "source": state["source"],
-            "target": _take(state["target"], ops.reshape(first_rows[:, None] + parents, (-1,))),
-        }
+        parent_rows = rows_of(ops.arange(ops.shape(parents)[0]), parents)  # (n * K,)
+        state = {"source": state["source"], "target": _take(state["target"], parent_rows)}
         if not static:
             sentences, alive, finished, done, state = _drop_done(
                 done, (sentences, alive, finished, done), state, rows_of

@@ -34,12 +34,12 @@ def _dense_rows(dense, rows):
     """`rows @ kernel + bias` of an `EinsumDense`, as one 2-D matrix product.
 
     The sublayers hold the weights (and their names in checkpoints); their
-    products are taken here on `(N, features)` rows with the kernel viewed as
-    2-D, which TensorFlow runs several times faster than the einsum of a 3-D
-    input (see `rows.apply_to_rows`). Returns `(N, outputs)`.
+    products are taken here on `(N, *features)` rows flattened to 2-D, with the
+    kernel viewed as 2-D, which TensorFlow runs several times faster than the
+    einsum of a 3-D input (see `rows.apply_to_rows`). Returns `(N, outputs)`.
     """
-    kernel = dense.kernel
-    outputs = ops.matmul(rows, ops.reshape(kernel, (ops.shape(rows)[-1], -1)))
+    rows = ops.reshape(rows, (ops.shape(rows)[0], -1))  # (N, features)
+    outputs = ops.matmul(rows, ops.reshape(dense.kernel, (ops.shape(rows)[1], -1)))
     if dense.bias is not None:
         outputs = outputs + ops.reshape(dense.bias, (-1,))
     return outputs
@@ -266,11 +266,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
         outputs = apply_to_rows(
-            lambda rows: _dense_rows(
-                self._output_dense, ops.reshape(rows, (ops.shape(rows)[0], -1))
-            ),
-            outputs,
-            feature_axes=2,
+            lambda rows: _dense_rows(self._output_dense, rows), outputs, feature_axes=2
         )  # (B, T, D)
 
         results = [outputs]

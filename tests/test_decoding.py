@@ -260,7 +260,7 @@ def test_early_stop_ends_a_sentence_when_its_best_extension_ends():
 
 @pytest.mark.parametrize("size, k", [(8000, 8), (1000, 3), (70, 8), (5, 4)])
 def test_blockwise_top_k_equals_a_full_sort(size, k):
-    from keras_transformer.decoding import _top_k
+    from keras_transformer.decoding.beam import _top_k
 
     values = np.random.default_rng(size).normal(size=(6, size)).astype("float32")
     top, indices = _top_k(keras.ops.convert_to_tensor(values), k)

@@ -10,14 +10,20 @@ import numpy as np
 import pytest
 
 import keras_transformer
-from tests.test_case import package_modules
+from tests.test_case import modules_with_examples
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MODULES = package_modules("keras_transformer")
+MODULES = modules_with_examples("keras_transformer")
 
 
-@pytest.mark.parametrize("module_name", MODULES)
-def test_docstring_examples(module_name):
+def test_every_layer_module_has_examples():
+    names = {name for name, _ in MODULES}
+    for layer in ("attention", "positional_encoding", "embedding", "feed_forward", "encoder"):
+        assert f"keras_transformer.layers.{layer}" in names
+
+
+@pytest.mark.parametrize("module_name, examples", MODULES)
+def test_docstring_examples(module_name, examples):
     module = importlib.import_module(module_name)
     globs = {
         "keras": keras,
@@ -25,6 +31,7 @@ def test_docstring_examples(module_name):
     }
     result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+    assert result.attempted >= examples, f"{result.attempted} of {examples} examples ran"
 
 
 def test_readme_examples(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers import masks
+from keras_transformer.layers.initializers import clone_initializer
 from keras_transformer.layers.rows import apply_to_rows
 
 # Added to masked logits before the softmax. Large enough that exp() of it is
@@ -163,10 +164,8 @@ class MultiHeadAttention(keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=keras.initializers.get(
-                keras.initializers.serialize(self.kernel_initializer)
-            ),
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

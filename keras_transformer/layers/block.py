@@ -1,4 +1,4 @@
-"""Shared construction for encoder and decoder layers and stacks (private)."""
+"""What encoder and decoder layers share, and the stack they are repeated in (private)."""
 
 import keras
 
@@ -7,11 +7,11 @@ from keras_transformer.layers.feed_forward import FeedForward
 
 
 class TransformerBlock(keras.layers.Layer):
-    """Hyperparameters, sublayer factories and the residual rule of a layer.
+    """Hyperparameters and sublayer constructors of an encoder or decoder layer.
 
-    Each sublayer is wrapped as in section 5.4: `LayerNorm(x + Dropout(f(x)))`
-    (post-norm, the paper), or `x + Dropout(f(LayerNorm(x)))` with
-    `normalize_first=True` (pre-norm).
+    Subclasses write their residual sublayers out in `call` (section 5.4):
+    `LayerNorm(x + Dropout(f(x)))` (post-norm, the paper), or
+    `x + Dropout(f(LayerNorm(x)))` with `normalize_first=True` (pre-norm).
     """
 
     def __init__(
@@ -48,14 +48,6 @@ class TransformerBlock(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
-    def _key_dim(self, hidden_dim):
-        if hidden_dim % self.num_heads:
-            raise ValueError(
-                f"The model size must be divisible by num_heads. "
-                f"Received: hidden size={hidden_dim}, num_heads={self.num_heads}"
-            )
-        return hidden_dim // self.num_heads
-
     def _sublayer_kwargs(self):
         return {
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
@@ -63,49 +55,44 @@ class TransformerBlock(keras.layers.Layer):
             "dtype": self.dtype_policy,
         }
 
-    def _make_attention(self, name, hidden_dim):
-        return MultiHeadAttention(
+    def _attention(self, name, query_shape, value_shape):
+        """A built `MultiHeadAttention` with `D / h` sized heads (section 3.2.2)."""
+        hidden_dim = query_shape[-1]
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                f"The model size must be divisible by num_heads. "
+                f"Received: hidden size={hidden_dim}, num_heads={self.num_heads}"
+            )
+        attention = MultiHeadAttention(
             num_heads=self.num_heads,
-            key_dim=self._key_dim(hidden_dim),
+            key_dim=hidden_dim // self.num_heads,
             dropout=self.attention_dropout,
             name=name,
             **self._sublayer_kwargs(),
         )
+        attention.build(query_shape, value_shape)
+        return attention
 
-    def _make_feed_forward(self, name):
-        return FeedForward(
+    def _feed_forward_network(self, name, inputs_shape):
+        """A built position-wise `FeedForward` (section 3.3)."""
+        feed_forward = FeedForward(
             intermediate_dim=self.intermediate_dim,
             activation=self.activation,
             name=name,
             **self._sublayer_kwargs(),
         )
+        feed_forward.build(inputs_shape)
+        return feed_forward
 
-    def _make_residual(self, name, inputs_shape):
-        """The built LayerNorm and the Dropout that wrap sublayer `name`."""
-        norm = self._make_norm(f"{name}_norm")
-        norm.build(inputs_shape)
-        return norm, self._make_dropout(f"{name}_dropout")
-
-    def _make_norm(self, name):
-        return keras.layers.LayerNormalization(
+    def _norm(self, name, inputs_shape):
+        norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
+        norm.build(inputs_shape)
+        return norm
 
-    def _make_dropout(self, name):
+    def _dropout(self, name):
         return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name=name)
-
-    def _residual(self, inputs, sublayer, norm, dropout, training):
-        """Applies `sublayer` with the residual, dropout and norm of section 5.4.
-
-        `sublayer` maps `(B, T, D)` to `(B, T, D)` and may return extra values as
-        a tuple after its output; those are returned unchanged.
-        """
-        outputs = sublayer(norm(inputs) if self.normalize_first else inputs)
-        outputs, extra = (outputs[0], outputs[1:]) if isinstance(outputs, tuple) else (outputs, ())
-        outputs = inputs + dropout(outputs, training=training)
-        if not self.normalize_first:
-            outputs = norm(outputs)
-        return (outputs, *extra) if extra else outputs
 
     def compute_output_shape(self, inputs_shape, *args, **kwargs):
         return inputs_shape
@@ -128,38 +115,58 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-class TransformerStack(TransformerBlock):
-    """A `TransformerBlock` repeated `num_layers` times, plus the final norm of
-    pre-norm stacks."""
+class TransformerStack(keras.layers.Layer):
+    """`num_layers` layers of `layer_class`, then the final LayerNorm of pre-norm stacks.
+
+    The stack holds its layers (composition): every argument but `num_layers`
+    and the base layer's (`name`, `dtype`, ...) is passed to each layer, whose
+    constructor validates it.
+    """
 
     layer_class = None
 
     def __init__(self, num_layers, num_heads, intermediate_dim, **kwargs):
-        super().__init__(num_heads, intermediate_dim, **kwargs)
+        base_kwargs = {k: kwargs.pop(k) for k in ("name", "dtype", "trainable") if k in kwargs}
+        super().__init__(**base_kwargs)
         if num_layers <= 0:
             raise ValueError(f"num_layers must be positive. Received: num_layers={num_layers}")
         self.num_layers = num_layers
-
-    def _build_layers(self, *shapes):
-        layer_config = {
-            key: value
-            for key, value in TransformerBlock.get_config(self).items()
-            if key not in ("name", "trainable")
-        }
-        self.stack_layers = []
-        for index in range(self.num_layers):
-            layer = self.layer_class(name=f"layer_{index}", **layer_config)
-            layer.build(*shapes)
-            self.stack_layers.append(layer)
+        self.stack_layers = [
+            self.layer_class(
+                num_heads,
+                intermediate_dim,
+                name=f"layer_{index}",
+                dtype=self.dtype_policy,
+                **kwargs,
+            )
+            for index in range(num_layers)
+        ]
+        first = self.stack_layers[0]
+        self.num_heads = first.num_heads
+        self.normalize_first = first.normalize_first
         self._final_norm = None
         if self.normalize_first:
-            self._final_norm = self._make_norm("final_norm")
+            self._final_norm = keras.layers.LayerNormalization(
+                epsilon=first.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
+            )
+        self.supports_masking = True
+
+    def _build_layers(self, *shapes):
+        for layer in self.stack_layers:
+            layer.build(*shapes)
+        if self._final_norm is not None:
             self._final_norm.build(shapes[0])
 
     def _finish(self, outputs):
         return self._final_norm(outputs) if self._final_norm is not None else outputs
 
+    def compute_output_shape(self, inputs_shape, *args, **kwargs):
+        return inputs_shape
+
     def get_config(self):
         config = super().get_config()
-        config["num_layers"] = self.num_layers
+        layer_config = self.stack_layers[0].get_config()
+        for key in ("name", "trainable", "dtype"):
+            layer_config.pop(key, None)
+        config.update({"num_layers": self.num_layers, **layer_config})
         return config

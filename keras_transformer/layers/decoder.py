@@ -58,22 +58,17 @@ class DecoderLayer(TransformerBlock):
     """
 
     def build(self, inputs_shape, encoder_outputs_shape):
-        hidden_dim = inputs_shape[-1]
-        self._self_attention = self._make_attention("self_attention", hidden_dim)
-        self._self_attention.build(inputs_shape, inputs_shape)
-        self._self_attention_norm, self._self_attention_dropout = self._make_residual(
-            "self_attention", inputs_shape
+        self._self_attention = self._attention("self_attention", inputs_shape, inputs_shape)
+        self._self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self._self_attention_dropout = self._dropout("self_attention_dropout")
+        self._cross_attention = self._attention(
+            "cross_attention", inputs_shape, encoder_outputs_shape
         )
-        self._cross_attention = self._make_attention("cross_attention", hidden_dim)
-        self._cross_attention.build(inputs_shape, encoder_outputs_shape)
-        self._cross_attention_norm, self._cross_attention_dropout = self._make_residual(
-            "cross_attention", inputs_shape
-        )
-        self._feed_forward = self._make_feed_forward("feed_forward")
-        self._feed_forward.build(inputs_shape)
-        self._feed_forward_norm, self._feed_forward_dropout = self._make_residual(
-            "feed_forward", inputs_shape
-        )
+        self._cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
+        self._cross_attention_dropout = self._dropout("cross_attention_dropout")
+        self._feed_forward = self._feed_forward_network("feed_forward", inputs_shape)
+        self._feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self._feed_forward_dropout = self._dropout("feed_forward_dropout")
 
     def compute_cross_attention_cache(self, encoder_outputs):
         """Projects `(B, S, D)` encoder outputs once into `(keys, values)`, `(B, H, S, K)` each."""
@@ -97,63 +92,57 @@ class DecoderLayer(TransformerBlock):
             decoder_padding_mask = inputs_mask
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
-        extra = []
-
-        def self_attention(x):
-            return self._self_attention(
-                x,
-                x,
-                query_mask=decoder_padding_mask,
-                value_mask=decoder_padding_mask,
-                use_causal_mask=True,
-                cache=self_attention_cache,
-                cache_update_index=self_attention_cache_update_index,
-                grow_cache=self_attention_cache is not None
-                and self_attention_cache_update_index is None,
-                training=training,
-            )
-
-        def cross_attention(x):
-            outputs = self._cross_attention(
-                x,
-                encoder_outputs,
-                query_mask=decoder_padding_mask,
-                attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
-                return_attention_scores=return_attention_scores,
-                cache=cross_attention_cache,
-                training=training,
-            )
-            if return_attention_scores:
-                extra.append(outputs[1])
-            return outputs[0] if isinstance(outputs, tuple) else outputs
-
-        outputs = self._residual(
-            inputs,
-            self_attention,
-            self._self_attention_norm,
-            self._self_attention_dropout,
-            training,
+        # Masked self-attention sublayer: position i attends positions <= i.
+        residual = inputs
+        x = self._self_attention_norm(inputs) if self.normalize_first else inputs
+        x = self._self_attention(
+            x,
+            x,
+            query_mask=decoder_padding_mask,
+            value_mask=decoder_padding_mask,
+            use_causal_mask=True,
+            cache=self_attention_cache,
+            cache_update_index=self_attention_cache_update_index,
+            grow_cache=self_attention_cache is not None
+            and self_attention_cache_update_index is None,
+            training=training,
         )
         if self_attention_cache is not None:
-            outputs, self_attention_cache = outputs
-        outputs = self._residual(
-            outputs,
-            cross_attention,
-            self._cross_attention_norm,
-            self._cross_attention_dropout,
-            training,
+            x, self_attention_cache = x
+        x = residual + self._self_attention_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._self_attention_norm(x)
+        # Encoder-decoder attention sublayer: every real source position.
+        residual = x
+        x = self._cross_attention_norm(x) if self.normalize_first else x
+        outputs = self._cross_attention(
+            x,
+            encoder_outputs,
+            query_mask=decoder_padding_mask,
+            attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
+            return_attention_scores=return_attention_scores,
+            cache=cross_attention_cache,
+            training=training,
         )
-        outputs = self._residual(
-            outputs,
-            lambda x: self._feed_forward(x, training=training),
-            self._feed_forward_norm,
-            self._feed_forward_dropout,
-            training,
-        )
-        results = [outputs, *extra]
+        # (output, [scores], [the read-only cache]) when either is asked for.
+        x = outputs[0] if isinstance(outputs, tuple) else outputs
+        scores = outputs[1] if return_attention_scores else None
+        x = residual + self._cross_attention_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._cross_attention_norm(x)
+        # Feed-forward sublayer.
+        residual = x
+        x = self._feed_forward_norm(x) if self.normalize_first else x
+        x = self._feed_forward(x, training=training)
+        x = residual + self._feed_forward_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._feed_forward_norm(x)
+        results = (x,)
+        if return_attention_scores:
+            results += (scores,)
         if self_attention_cache is not None:
-            results.append(self_attention_cache)
-        return results[0] if len(results) == 1 else tuple(results)
+            results += (self_attention_cache,)
+        return results[0] if len(results) == 1 else results
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -223,7 +212,7 @@ class Decoder(TransformerStack):
         for layer in self.stack_layers:
             attention = layer._self_attention
             value_dim = attention.value_dim or attention.key_dim
-            shape = (batch_size, self.num_heads, max_length)
+            shape = (batch_size, attention.num_heads, max_length)
             cache.append(
                 (
                     ops.zeros(shape + (attention.key_dim,), dtype=self.compute_dtype),

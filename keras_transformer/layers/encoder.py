@@ -45,41 +45,37 @@ class EncoderLayer(TransformerBlock):
     """
 
     def build(self, inputs_shape):
-        hidden_dim = inputs_shape[-1]
-        self._self_attention = self._make_attention("self_attention", hidden_dim)
-        self._self_attention.build(inputs_shape, inputs_shape)
-        self._self_attention_norm, self._self_attention_dropout = self._make_residual(
-            "self_attention", inputs_shape
-        )
-        self._feed_forward = self._make_feed_forward("feed_forward")
-        self._feed_forward.build(inputs_shape)
-        self._feed_forward_norm, self._feed_forward_dropout = self._make_residual(
-            "feed_forward", inputs_shape
-        )
+        self._self_attention = self._attention("self_attention", inputs_shape, inputs_shape)
+        self._self_attention_norm = self._norm("self_attention_norm", inputs_shape)
+        self._self_attention_dropout = self._dropout("self_attention_dropout")
+        self._feed_forward = self._feed_forward_network("feed_forward", inputs_shape)
+        self._feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self._feed_forward_dropout = self._dropout("feed_forward_dropout")
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
         padding_mask = mask if padding_mask is None else padding_mask
-        outputs = self._residual(
-            inputs,
-            lambda x: self._self_attention(
-                x,
-                x,
-                query_mask=padding_mask,
-                value_mask=padding_mask,
-                attention_mask=attention_mask,
-                training=training,
-            ),
-            self._self_attention_norm,
-            self._self_attention_dropout,
-            training,
+        # Self-attention sublayer: every real position attends every real one.
+        residual = inputs
+        x = self._self_attention_norm(inputs) if self.normalize_first else inputs
+        x = self._self_attention(
+            x,
+            x,
+            query_mask=padding_mask,
+            value_mask=padding_mask,
+            attention_mask=attention_mask,
+            training=training,
         )
-        return self._residual(
-            outputs,
-            lambda x: self._feed_forward(x, training=training),
-            self._feed_forward_norm,
-            self._feed_forward_dropout,
-            training,
-        )
+        x = residual + self._self_attention_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._self_attention_norm(x)
+        # Feed-forward sublayer.
+        residual = x
+        x = self._feed_forward_norm(x) if self.normalize_first else x
+        x = self._feed_forward(x, training=training)
+        x = residual + self._feed_forward_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._feed_forward_norm(x)
+        return x
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.initializers import clone_initializer
 from keras_transformer.layers.rows import apply_to_rows
 
 
@@ -64,10 +65,8 @@ class FeedForward(keras.layers.Layer):
             units,
             activation=activation,
             use_bias=self.use_bias,
-            kernel_initializer=keras.initializers.get(
-                keras.initializers.serialize(self.kernel_initializer)
-            ),
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

@@ -130,49 +130,57 @@ class Transformer(keras.Model):
         self.pad_id = pad_id
         self.bos_id = bos_id
         self.eos_id = eos_id
+        self._create_layers()
 
+    def _create_layers(self):
+        """The embeddings, positional encodings, stacks and output layer (unbuilt)."""
         policy = self.dtype_policy
+        vocabulary_size, hidden_dim = self.vocabulary_size, self.hidden_dim
         self.source_embedding = TokenEmbedding(
             vocabulary_size, hidden_dim, dtype=policy, name="source_embedding"
         )
         self.target_embedding = (
             self.source_embedding
-            if share_source_target_embeddings
+            if self.share_source_target_embeddings
             else TokenEmbedding(
-                target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding"
+                self.target_vocabulary_size, hidden_dim, dtype=policy, name="target_embedding"
             )
         )
         self.source_positions = PositionalEncoding(
-            learned=learned_positions,
-            max_length=max_length,
+            learned=self.learned_positions,
+            max_length=self.max_length,
             dtype=policy,
             name="source_positions",
         )
         self.target_positions = PositionalEncoding(
-            learned=learned_positions,
-            max_length=max_length,
+            learned=self.learned_positions,
+            max_length=self.max_length,
             dtype=policy,
             name="target_positions",
         )
-        self.source_dropout = keras.layers.Dropout(dropout, dtype=policy, name="source_dropout")
-        self.target_dropout = keras.layers.Dropout(dropout, dtype=policy, name="target_dropout")
+        self.source_dropout = keras.layers.Dropout(
+            self.dropout, dtype=policy, name="source_dropout"
+        )
+        self.target_dropout = keras.layers.Dropout(
+            self.dropout, dtype=policy, name="target_dropout"
+        )
         stack_config = {
-            "num_layers": num_layers,
-            "num_heads": num_heads,
-            "intermediate_dim": intermediate_dim,
-            "dropout": dropout,
-            "attention_dropout": attention_dropout,
-            "activation": activation,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "normalize_first": normalize_first,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "intermediate_dim": self.intermediate_dim,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation": self.activation,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "normalize_first": self.normalize_first,
             "dtype": policy,
         }
         self.encoder = Encoder(name="encoder", **stack_config)
         self.decoder = Decoder(name="decoder", **stack_config)
         self.output_projection = None
-        if not tie_output_embeddings:
+        if not self.tie_output_embeddings:
             self.output_projection = keras.layers.Dense(
-                target_vocabulary_size, dtype=policy, name="output_projection"
+                self.target_vocabulary_size, dtype=policy, name="output_projection"
             )
 
     @classmethod

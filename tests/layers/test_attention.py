@@ -215,3 +215,13 @@ def test_softmax_is_float32_under_mixed_precision(data, policy):
 def test_invalid_arguments_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MultiHeadAttention(**kwargs)
+
+
+def test_projection_biases_are_drawn_independently():
+    """A random bias initializer gives the query, key and value biases their own values."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, bias_initializer="random_normal")
+    layer.build((2, 3, 8), (2, 3, 8))
+    biases = [to_numpy(getattr(layer, f"_{name}_dense").bias) for name in ("query", "key", "value")]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert not np.allclose(biases[i], biases[j])

@@ -32,3 +32,11 @@ def test_dropout_reaches_the_inner_layer():
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="intermediate_dim=0"):
         FeedForward(intermediate_dim=0)
+
+
+def test_biases_are_drawn_independently():
+    """A random bias initializer gives the two layers' biases their own values (d_ff == D)."""
+    layer = FeedForward(intermediate_dim=8, bias_initializer="random_normal")
+    layer.build((2, 3, 8))
+    inner, outer = (to_numpy(d.bias) for d in (layer._intermediate_dense, layer._output_dense))
+    assert not np.allclose(inner, outer)

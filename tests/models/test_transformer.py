@@ -39,19 +39,36 @@ def test_dict_inputs_equal_tuple_inputs():
         model({"source_ids": SOURCE})
 
 
+def _decoder_states(model):
+    """The `(B, T, D)` decoder outputs the output layer turns into logits."""
+    encoder_outputs, source_mask = model.encode(SOURCE)
+    states = model.target_positions(model.target_embedding(TARGET))
+    return model.decoder(
+        states,
+        encoder_outputs,
+        decoder_padding_mask=model.padding_mask(TARGET),
+        encoder_padding_mask=source_mask,
+    )
+
+
 def test_one_matrix_for_source_target_and_output():
+    """Section 3.4: the two embeddings and the pre-softmax projection share one matrix."""
     shared = tiny()
-    shared((SOURCE, TARGET))
+    logits = to_numpy(shared((SOURCE, TARGET)))
     embeddings = [w for w in shared.weights if "embeddings" in w.path]
-    assert len(embeddings) == 1
-    # Changing that one matrix moves the logits (it is the pre-softmax projection).
-    before = to_numpy(shared((SOURCE, TARGET)))
-    embeddings[0].assign(embeddings[0] * 2.0)
-    assert not np.allclose(to_numpy(shared((SOURCE, TARGET))), before)
+    assert len(embeddings) == 1 and shared.output_projection is None
+    assert shared.source_embedding is shared.target_embedding
+    # The logits are the decoder states times the transposed embedding matrix.
+    matrix = to_numpy(embeddings[0])  # (V, D)
+    expected = to_numpy(_decoder_states(shared)) @ matrix.T
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
     separate = tiny(share_source_target_embeddings=False, tie_output_embeddings=False)
-    separate((SOURCE, TARGET))
+    logits = to_numpy(separate((SOURCE, TARGET)))
     assert len([w for w in separate.weights if "embeddings" in w.path]) == 2
+    target_matrix = to_numpy(separate.target_embedding.embeddings)
+    untied = to_numpy(_decoder_states(separate)) @ target_matrix.T
+    assert not np.allclose(logits, untied, atol=1e-3)
     assert separate.count_params() - shared.count_params() == V * 8 + (V * 8 + V)
 
 

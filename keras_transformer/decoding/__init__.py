@@ -1,0 +1,43 @@
+"""Greedy and beam search (section 6.1) on `ops.while_loop`.
+
+Both searches run a whole batch at once and step a decoder through the
+interface `Transformer.start_decoding` / `Transformer.decoding_step`. Each
+sentence may produce at most its own source length plus `extra_length` tokens
+(50 in the paper), so padding a batch changes no result.
+
+How the decoder state is carried depends on `static_shapes`:
+- dynamic shapes (the default on TensorFlow and PyTorch): self-attention caches
+  grow by one position a step, and a sentence that is done leaves the batch,
+  so a step costs what its live hypotheses need;
+- static shapes (the default on JAX, whose `jit` needs them): caches are
+  fixed-size buffers as long as the longest output, and finished rows ride
+  along, masked, until the whole batch is done.
+Both give the same results (tested).
+
+With `use_cache=False` every step recomputes the whole prefix instead
+(`RecomputedSteps`), the slow reference the cached decoders are checked and
+measured against.
+
+Hypotheses are scored by their log-probability divided by the GNMT length
+penalty `((5 + |Y|) / 6) ** alpha` (Wu et al., 2016), where `|Y|` counts the
+produced tokens, end-of-sequence included. `pad_id` and `bos_id` are never
+produced.
+"""
+
+from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding.steps import (
+    CachedSteps,
+    RecomputedSteps,
+    length_penalty,
+    score_hypotheses,
+)
+
+__all__ = [
+    "CachedSteps",
+    "RecomputedSteps",
+    "beam_search",
+    "greedy_search",
+    "length_penalty",
+    "score_hypotheses",
+]

@@ -1,0 +1,100 @@
+"""Greedy search: the most probable token at every step."""
+
+from keras import ops
+
+from keras_transformer.decoding.steps import (
+    _ban_special_tokens,
+    _drop_finished,
+    _prepare,
+    _take,
+    length_penalty,
+)
+
+
+def greedy_search(
+    model,
+    source_ids,
+    max_length=None,
+    extra_length=50,
+    alpha=0.0,
+    use_cache=True,
+    return_scores=False,
+    static_shapes=None,
+):
+    """Decodes by taking the most probable token at every step.
+
+    Args:
+        model: a built `Transformer`, or any object with its `start_decoding`,
+            `decoding_step` (and, for `use_cache=False`, `encode`, `decode`),
+            `padding_mask`, `pad_id`, `bos_id` and `eos_id`.
+        source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
+        max_length: int or None, the most target tokens for every sentence.
+            Defaults to each sentence's source length plus `extra_length`.
+        extra_length: int, see `max_length` (50 in section 6.1).
+        alpha: float, length penalty exponent used for the returned scores
+            only (greedy choices do not depend on it).
+        use_cache: bool, read earlier steps from the key/value cache instead
+            of recomputing the prefix.
+        return_scores: bool, also return the scores.
+        static_shapes: bool or None, see the module docstring; None chooses
+            static shapes on JAX only.
+
+    Returns:
+        int32 `(B, T)` token ids, `T = max_length` or `S + extra_length`:
+        each row ends with `model.eos_id` (when produced) followed by
+        `model.pad_id`. With `return_scores`, also
+        float32 `(B,)` log-probabilities divided by `length_penalty`.
+
+    Example:
+    >>> model = Transformer.from_preset(
+    ...     "transformer_small", vocabulary_size=20)
+    >>> model.build(((None, None), (None, None)))
+    >>> tokens = greedy_search(model, keras.ops.array([[5, 6, 3, 0]]))
+    >>> tuple(tokens.shape)  # S + 50; this sentence may use 3 + 50
+    (1, 54)
+
+    References:
+        Vaswani et al., 2017, section 6.1.
+    """
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    batch_size = ops.shape(source_ids)[0]
+    limits, width, steps, state, rows, static = _prepare(
+        model, source_ids, max_length, extra_length, use_cache, static_shapes
+    )
+    if not static:
+        state = _take(state, rows)  # rows of a traced size, so they may leave
+    tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
+    totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
+    lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
+
+    def write(buffer, rows, values):
+        return ops.scatter_update(buffer, rows[:, None], values)
+
+    def condition(index, rows, ids, live, *_):
+        return ops.logical_and(index < width, ops.any(live))
+
+    def body(index, rows, ids, live, state, tokens, totals, lengths):
+        # `rows` (R,) are the sentences of the rows still decoding; under
+        # static shapes they are all sentences and `live` marks the unfinished.
+        log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
+        log_probs = _ban_special_tokens(model, log_probs)
+        next_ids = ops.where(live, ops.cast(ops.argmax(log_probs, axis=-1), "int32"), model.pad_id)
+        row_totals = ops.take(totals, rows) + ops.where(live, ops.max(log_probs, axis=-1), 0.0)
+        row_lengths = ops.take(lengths, rows) + ops.cast(live, "int32")
+        position = ops.full_like(rows, index)
+        tokens = ops.scatter_update(tokens, ops.stack([rows, position], axis=1), next_ids)
+        totals, lengths = write(totals, rows, row_totals), write(lengths, rows, row_lengths)
+        ended = ops.equal(next_ids, model.eos_id) | (index + 1 >= ops.take(limits, rows))
+        live = live & ops.logical_not(ended)
+        if not static:
+            rows, next_ids, live, state = _drop_finished(live, (rows, next_ids, live, state))
+        return index + 1, rows, next_ids, live, state, tokens, totals, lengths
+
+    ids = ops.full_like(rows, model.bos_id)
+    live = ops.ones_like(rows, dtype="bool")
+    loop_vars = (ops.convert_to_tensor(0, "int32"), rows, ids, live, state)
+    outputs = ops.while_loop(condition, body, loop_vars + (tokens, totals, lengths))
+    tokens, totals, lengths = outputs[-3:]
+    if not return_scores:
+        return tokens
+    return tokens, totals / length_penalty(lengths, alpha)

@@ -8,7 +8,7 @@ Translates Multi30k's validation set (never a test set: this chooses a default)
 with beam 4 and alpha 0.6 under the default rule (a sentence is done once 4
 hypotheses have finished and no live one scores better) and under
 `early_stop=True` (done once its best extension ends, CTranslate2's rule), both
-in-process through `pipelines.translation.translate_strings`, alternating,
+in-process through `pipelines.serving.translation.translate_strings`, alternating,
 and reports median sentences/s, cased sacreBLEU and how many translations
 differ. Writes benchmarks/results/beam_stop_rule.json.
 """
@@ -44,8 +44,8 @@ def main(argv=None):
     import sacrebleu
     import tensorflow as tf
 
-    from pipelines.tokenizer import load_tokenizer
-    from pipelines.translation import translate_strings
+    from pipelines.data.tokenizer import load_tokenizer
+    from pipelines.serving.translation import translate_strings
 
     sources, references = read_parallel(parser, args, "val")
     model, max_length = load_run(args.run_dir)

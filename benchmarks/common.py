@@ -62,7 +62,7 @@ def read_parallel(parser, args, split):
 
     Sets `args.source` and `args.reference` to the files read.
     """
-    from pipelines.corpus import read_lines
+    from pipelines.data.corpus import read_lines
 
     if args.multi30k_dir:
         args.source = args.source or os.path.join(args.multi30k_dir, f"{split}.en.gz")

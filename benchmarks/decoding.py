@@ -11,7 +11,7 @@ trained model, greedy and beam 4, through:
 - `uncached`: the same search recomputing the whole prefix at every step
   (`use_cache=False`, the TensorFlow tutorial's loop);
 - `saved_model`: the exported SavedModel's `translate` signature, loaded back;
-- `ctranslate2`: the same weights converted by `pipelines.ctranslate2_export`
+- `ctranslate2`: the same weights converted by `pipelines.serving.ctranslate2`
   (when CTranslate2 is installed), float32, 2 threads.
 All take the same sentences, include tokenization, and search them sorted by
 length in batches of `--batch-size` (128, the export's default chunk size):
@@ -46,7 +46,7 @@ DECODERS = ("cached", "uncached", "saved_model", "ctranslate2")
 def _keras_decoder(model, tok, max_length, use_cache, chunk_size):
     import tensorflow as tf
 
-    from pipelines.translation import translate_strings
+    from pipelines.serving.translation import translate_strings
 
     @tf.function(reduce_retracing=True)
     def run(inputs, beam_size, alpha):
@@ -72,8 +72,9 @@ def build_decoders(run_dir, work_dir, names, batch_size):
     """`{name: translate(sentences, beam_size, alpha) -> list of str}`."""
     import tensorflow as tf
 
-    from pipelines import export, tokenizer
-    from pipelines.translate import translate_lines
+    from pipelines.data import tokenizer
+    from pipelines.serving import saved_model as export
+    from pipelines.serving.client import translate_lines
 
     model, max_length = load_run(run_dir)
     spm_path = os.path.join(run_dir, "sentencepiece.model")
@@ -100,7 +101,7 @@ def build_decoders(run_dir, work_dir, names, batch_size):
         )
     if "ctranslate2" in names:
         try:
-            from pipelines.ctranslate2_export import CTranslate2Translator, convert
+            from pipelines.serving.ctranslate2 import CTranslate2Translator, convert
         except ImportError:
             print("CTranslate2 not installed: skipping it", file=sys.stderr)
         else:

@@ -111,7 +111,7 @@ def main(argv=None):
     import tensorflow as tf
 
     import keras_transformer as kt
-    from pipelines.corpus import read_lines
+    from pipelines.data.corpus import read_lines
 
     model, max_length = load_run(args.run_dir)
     sentences = sorted(read_lines(args.source), key=len)

@@ -19,21 +19,13 @@ benchmarks/results/multi30k_recipe.json and prints the scores.
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, ROOT, write_result  # noqa: E402
-from pipelines.corpus import read_lines  # noqa: E402
-
-
-def _run(arguments, env):
-    print("$ python " + " ".join(arguments), flush=True)
-    started = time.perf_counter()
-    subprocess.run([sys.executable, *arguments], cwd=ROOT, env=env, check=True)
-    return round(time.perf_counter() - started, 1)
+from benchmarks.common import RESULTS, write_result  # noqa: E402
+from pipelines.commands.stages import export_translate_score, run_stage  # noqa: E402
+from pipelines.data.corpus import read_lines  # noqa: E402
 
 
 def main(argv=None):
@@ -56,11 +48,12 @@ def main(argv=None):
     seconds = {}
     if not args.skip_training:
         overrides = [item for value in args.set for item in ("--set", value)]
-        seconds["training"] = _run(
-            ["-m", "pipelines.train", "--recipe", "multi30k", "--multi30k-dir", multi30k,
-             "--output-dir", run, *overrides],
+        seconds["training"] = run_stage(
+            "Train the multi30k recipe",
+            "pipelines.train",
+            ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run, *overrides],
             env,
-        )  # fmt: skip
+        )
     else:
         with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
             seconds["training"] = args.training_seconds or json.load(handle).get("seconds")
@@ -75,27 +68,18 @@ def main(argv=None):
         lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{language}.gz"))
         with open(files[language], "w", encoding="utf-8") as handle:
             handle.writelines(f"{line}\n" for line in lines[: args.test_sentences])
-    base = os.path.join(run, "saved_models")
-    seconds["export"] = _run(
-        ["-m", "pipelines.export", "--run-dir", run, "--base", base, "--name", "multi30k"], env
-    )
-    hypotheses = os.path.join(scratch, "translation.de")
-    seconds["translate"] = _run(
-        ["-m", "pipelines.translate", "--model", os.path.join(base, "multi30k"),
-         "--input", files["en"], "--output", hypotheses,
-         "--beam-size", str(args.beam_size), "--alpha", str(args.alpha)],
+    stage_seconds, scores = export_translate_score(
+        run,
+        os.path.join(run, "saved_models", "multi30k"),
+        files["en"],
+        files["de"],
+        os.path.join(scratch, "test_2016_flickr"),
         env,
-    )  # fmt: skip
-    scores = {}
-    for case, flags in (("cased", []), ("lowercased", ["--lowercase"])):
-        path = os.path.join(scratch, f"scores.{case}.json")
-        _run(
-            ["-m", "pipelines.evaluate", "--hypotheses", hypotheses,
-             "--references", files["de"], "--output", path, *flags],
-            env,
-        )  # fmt: skip
-        with open(path, encoding="utf-8") as handle:
-            scores[case] = json.load(handle)
+        beam_size=args.beam_size,
+        alpha=args.alpha,
+        lowercase=True,
+    )
+    seconds.update(stage_seconds)
     result = write_result(
         {
             "benchmark": "multi30k_recipe",

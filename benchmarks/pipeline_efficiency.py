@@ -5,7 +5,7 @@ Usage:
 
 One epoch of Multi30k's training pairs, tokenized in the graph with the same
 SentencePiece model, batched three ways:
-- `bucketed`: `pipelines.batching.make_dataset` (length buckets, about
+- `bucketed`: `pipelines.data.batching.make_dataset` (length buckets, about
   `--batch-tokens` tokens per side of a batch);
 - `fixed_longest`: every sentence padded to the longest one, `--batch-size`
   sentences a batch (lossless fixed-length padding);
@@ -35,7 +35,7 @@ def fixed_length_dataset(pairs, tok, length, batch_size):
     """Sentences padded (and cut) to `length` tokens, `batch_size` a batch."""
     import tensorflow as tf
 
-    from pipelines.batching import tokenize_pairs
+    from pipelines.data.batching import tokenize_pairs
 
     def pad(example):
         target = example["target"]  # BOS + pieces + EOS
@@ -80,8 +80,8 @@ def main(argv=None):
     import numpy as np
     import sentencepiece
 
-    from pipelines import batching, tokenizer
-    from pipelines.corpus import load_multi30k
+    from pipelines.data import batching, tokenizer
+    from pipelines.data.corpus import load_multi30k
 
     pairs = load_multi30k(args.multi30k_dir, "train")[: args.sentences]
     with tempfile.TemporaryDirectory() as work_dir:

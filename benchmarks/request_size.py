@@ -68,8 +68,8 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "request_size.json"))
     args = parser.parse_args(argv)
 
-    from pipelines import export
-    from pipelines.corpus import read_lines
+    from pipelines.data.corpus import read_lines
+    from pipelines.serving import saved_model as export
 
     sentences = read_lines(args.source)[: args.sentences]
     model, max_length = load_run(args.run_dir)

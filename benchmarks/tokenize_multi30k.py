@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from pipelines import batching, corpus, tokenizer  # noqa: E402
+from pipelines.data import batching, corpus, tokenizer  # noqa: E402
 
 
 def timed(function, repeats):

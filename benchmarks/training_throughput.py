@@ -112,8 +112,8 @@ def make_step(model):
 
 def read_batches(multi30k_dir, work_dir, count, batch_tokens, vocabulary_size, sentences=None):
     """`count` shuffled Multi30k training batches as NumPy triples."""
-    from pipelines import batching, tokenizer
-    from pipelines.corpus import load_multi30k
+    from pipelines.data import batching, tokenizer
+    from pipelines.data.corpus import load_multi30k
 
     pairs = load_multi30k(multi30k_dir, "train")[:sentences]
     spm_path = os.path.join(work_dir, "sentencepiece.model")

@@ -1,6 +1,16 @@
-"""TensorFlow-only pipelines: data, tokenization, distributed training, evaluation."""
+"""TensorFlow-only pipelines: data, training, serving, evaluation and the commands.
 
+They come with the `tensorflow` extra: `pip install "keras-transformer[tensorflow]"`.
+"""
+
+import importlib.util
 import os
+
+if importlib.util.find_spec("tensorflow") is None:
+    raise ImportError(
+        'pipelines need TensorFlow: pip install "keras-transformer[tensorflow]" '
+        "(keras_transformer itself needs only Keras and one backend)"
+    )
 
 # Everything under pipelines/ runs on TensorFlow (tf.data, tf.distribute).
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")

@@ -1,9 +1,12 @@
-"""Translating with a Keras model in-graph, and scoring with sacreBLEU."""
+"""Evaluation in one place: in-graph translation of a Keras model, BLEU and chrF.
+
+Scores are sacreBLEU's corpus BLEU and chrF with their signatures, so a number
+in a result file says how it was computed.
+"""
 
 import sacrebleu
-import tensorflow as tf
 
-from pipelines.translation import translate_strings
+from pipelines.errors import DataError
 
 
 def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
@@ -20,6 +23,10 @@ def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
     Returns:
         list of str, one translation per sentence.
     """
+    # Imported here: scoring files (`pipelines.evaluate`) needs no TensorFlow.
+    import tensorflow as tf
+
+    from pipelines.serving.translation import translate_strings
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
@@ -35,12 +42,29 @@ def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
     return outputs
 
 
-def bleu(hypotheses, references, lowercase=False):
-    """Corpus BLEU from sacreBLEU with its signature.
+def score(hypotheses, references, lowercase=False):
+    """Corpus BLEU and chrF of aligned lists of str.
+
+    Args:
+        hypotheses: list of str, one translation per sentence.
+        references: list of str, aligned with `hypotheses`.
+        lowercase: bool, compare lowercased text.
 
     Returns:
-        `(score, signature)`, float and str.
+        dict with `bleu`, `chrf` (floats, rounded to 2 decimals), their
+        `*_signature` strings and `sentences`.
+
+    Raises:
+        DataError: the two lists differ in length.
     """
-    metric = sacrebleu.metrics.BLEU(lowercase=lowercase)
-    score = metric.corpus_score(hypotheses, [references])
-    return score.score, str(metric.get_signature())
+    if len(hypotheses) != len(references):
+        raise DataError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu = sacrebleu.metrics.BLEU(lowercase=lowercase)
+    chrf = sacrebleu.metrics.CHRF(lowercase=lowercase)
+    return {
+        "bleu": round(bleu.corpus_score(hypotheses, [references]).score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf": round(chrf.corpus_score(hypotheses, [references]).score, 2),
+        "chrf_signature": str(chrf.get_signature()),
+        "sentences": len(hypotheses),
+    }

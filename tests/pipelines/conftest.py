@@ -45,8 +45,8 @@ def tiny_translation_model(root, vocabulary_size, seed=0, **model_arguments):
     import numpy as np
 
     from keras_transformer import Transformer
-    from pipelines.default_corpus import generate_pairs
-    from pipelines.tokenizer import train_sentencepiece
+    from pipelines.data.default_corpus import generate_pairs
+    from pipelines.data.tokenizer import train_sentencepiece
 
     spm_path = str(root / "sentencepiece.model")
     pairs = generate_pairs(800, seed=seed)

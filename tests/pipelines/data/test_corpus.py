@@ -4,7 +4,8 @@ import logging
 import pytest
 import tensorflow_datasets as tfds
 
-from pipelines.corpus import DataError, load_multi30k, load_tfds, read_parallel_files
+from pipelines.data.corpus import load_multi30k, load_tfds, read_parallel_files
+from pipelines.errors import DataError
 
 
 def write(path, lines, compress=False):

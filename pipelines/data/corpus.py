@@ -9,13 +9,11 @@ import gzip
 import logging
 import os
 
+from pipelines.errors import DataError
+
 logger = logging.getLogger(__name__)
 
 MULTI30K_SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
-
-
-class DataError(ValueError):
-    """A corpus that cannot be used; the message names the file and the problem."""
 
 
 def _open_text(path):

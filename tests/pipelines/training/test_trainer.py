@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from pipelines.run import make_strategy
-from pipelines.trainer import TimeBudget, Trainer
+from pipelines.training.run import make_strategy
+from pipelines.training.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus
 
 # Mirrored tests share the process's one strategy (see make_strategy).

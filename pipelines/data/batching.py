@@ -11,7 +11,7 @@ target tokens).
 import numpy as np
 import tensorflow as tf
 
-from pipelines.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from pipelines.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -154,17 +154,7 @@ def to_model_inputs():
     return lambda dataset: dataset.map(split, num_parallel_calls=AUTOTUNE)
 
 
-def make_dataset(
-    pairs,
-    tokenizer,
-    batch_tokens=4096,
-    max_length=128,
-    shuffle=True,
-    repeat=False,
-    seed=0,
-    shuffle_buffer=100_000,
-    cache=True,
-):
+def make_dataset(pairs, tokenizer, batch_tokens=4096, max_length=128, **options):
     """The input pipeline from sentence pairs to batches ready for `model.fit`.
 
     Args:
@@ -173,20 +163,15 @@ def make_dataset(
         tokenizer: tensorflow-text tokenizer (`tokenizer.load_tokenizer`).
         batch_tokens: int, about this many tokens per side of each batch.
         max_length: int, longer pairs are dropped.
-        shuffle: bool, shuffle examples and batches (each epoch anew).
-        repeat: bool, repeat forever (shuffled anew each pass).
-        seed: int, shuffling seed.
-        shuffle_buffer: int, examples in the shuffle buffer.
-        cache: bool, keep tokenized examples in memory after the first pass.
+        **options: `shuffle`, `repeat`, `seed`, `shuffle_buffer` and `cache`,
+            as in `batch_examples`.
 
     Returns:
         `tf.data.Dataset` of `((source_ids (B, S), target_input_ids (B, T)),
         target_output_ids (B, T))`, int32, padded with 0.
     """
     examples = tokenize_examples(pairs, tokenizer, max_length)
-    return batch_examples(
-        examples, batch_tokens, max_length, shuffle, repeat, seed, shuffle_buffer, cache
-    )
+    return batch_examples(examples, batch_tokens, max_length, **options)
 
 
 def tokenize_examples(pairs, tokenizer, max_length):
@@ -225,7 +210,13 @@ def batch_examples(
         examples: `tf.data.Dataset` of dicts of int32 `source` and `target`
             vectors, as `tokenize_examples` returns them (for example saved
             and read back with `tf.data.Dataset.load`).
-        (others): as in `make_dataset`.
+        batch_tokens: int, about this many tokens per side of each batch.
+        max_length: int, the longest example (for the bucket bounds).
+        shuffle: bool, shuffle examples and batches (each epoch anew).
+        repeat: bool, repeat forever (shuffled anew each pass).
+        seed: int, shuffling seed.
+        shuffle_buffer: int, examples in the shuffle buffer.
+        cache: bool, keep tokenized examples in memory after the first pass.
 
     Returns:
         `tf.data.Dataset` as in `make_dataset`.

@@ -4,10 +4,11 @@ TF Serving 2.20 is built on TensorFlow 2.20 and embeds tensorflow-text 2.20.0;
 an export loads there only if every op of its graph is registered by one of them.
 
     pip download tensorflow==2.20.0 tensorflow-text==2.20.0 --no-deps -d /tmp/wheels
-    python tests/pipelines/data/list_serving_ops.py /tmp/wheels/tensorflow-2.20.0-*.whl \\
-        > tests/pipelines/data/tensorflow_2.20.0_ops.txt
-    python tests/pipelines/data/list_serving_ops.py /tmp/wheels/tensorflow_text-2.20.0-*.whl \\
-        > tests/pipelines/data/tf_text_2.20.0_ops.txt
+    python tests/pipelines/serving/ops/list_serving_ops.py /tmp/wheels/tensorflow-2.20.0-*.whl \\
+        > tests/pipelines/serving/ops/tensorflow_2.20.0_ops.txt
+    python tests/pipelines/serving/ops/list_serving_ops.py \\
+        /tmp/wheels/tensorflow_text-2.20.0-*.whl \\
+        > tests/pipelines/serving/ops/tf_text_2.20.0_ops.txt
 
 TensorFlow: the ops its generated Python wrappers (`gen_*.py`) create.
 tensorflow-text: names that occur as strings in the wheel's shared libraries

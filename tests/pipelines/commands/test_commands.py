@@ -11,7 +11,8 @@ import pytest
 import sacrebleu
 import sentencepiece as spm
 
-from pipelines import attention, evaluate
+from pipelines import visualization
+from pipelines.commands import attention, evaluate
 from tests.pipelines.conftest import tiny_translation_model
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow"}
@@ -63,7 +64,7 @@ def tiny_run(tmp_path_factory):
 
 def test_attention_maps_are_probabilities_over_the_labelled_pieces(tiny_run):
     _, model, processor = tiny_run
-    maps, source, target = attention.attention_maps(
+    maps, source, target = visualization.attention_maps(
         model, processor, "March 3, 2014", "3. März 2014"
     )
     assert maps.shape == (2, 2, len(target), len(source))
@@ -85,7 +86,7 @@ def test_attention_png_has_one_panel_per_layer_and_head(tiny_run, tmp_path, flag
     height, width = matplotlib.image.imread(png).shape[:2]
     source_length = len(processor.encode(source)) + 1
     target_length = len(processor.encode(target)) + 1
-    assert (width, height) == attention.figure_size(rows, cols, target_length, source_length)
+    assert (width, height) == visualization.figure_size(rows, cols, target_length, source_length)
 
 
 def test_attention_rejects_a_missing_layer(tiny_run, tmp_path, capsys):
@@ -111,3 +112,29 @@ def test_demo_trains_exports_translates_and_scores(tmp_path):
     assert scores["sentences"] == 40 and 0.0 <= scores["bleu"] <= 100.0
     assert f"Held-out BLEU {scores['bleu']:.2f}" in result.stdout
     assert result.stdout.count("(reference: ") == 2
+
+
+def test_every_console_script_and_module_shim_runs_its_command():
+    """`kt-*` entry points and `python -m pipelines.<name>` reach the same `main`."""
+    import ast
+    import importlib
+    import pathlib
+
+    setup = pathlib.Path(__file__).resolve().parents[3] / "setup.py"
+    scripts = [
+        node.value
+        for node in ast.walk(ast.parse(setup.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and "=pipelines." in node.value
+    ]
+    assert len(scripts) == 8
+    for script in scripts:
+        _, target = script.split("=")
+        module_name, function = target.split(":")
+        command = importlib.import_module(module_name)
+        shim = importlib.import_module("pipelines." + module_name.rsplit(".", 1)[1])
+        assert getattr(command, function) is shim.main
+        with pytest.raises(SystemExit) as exit_info:
+            shim.main(["--help"])
+        assert exit_info.value.code == 0

@@ -13,7 +13,7 @@ import random
 
 from babel import Locale, UnknownLocaleError, dates, numbers, units
 
-from pipelines.corpus import DataError
+from pipelines.errors import DataError
 
 SOURCE_LOCALE = "en"
 DATE_FORMATS = ("full", "long", "medium", "short")
@@ -107,6 +107,10 @@ KINDS = {
 }
 
 
+# (train, validation, test) pairs of the default corpus; `TrainConfig` uses them too.
+DEFAULT_SIZES = (20000, 500, 500)
+
+
 def generate_pairs(num_pairs, target_locale="de", seed=0):
     """Generates distinct English -> `target_locale` expression pairs.
 
@@ -142,7 +146,7 @@ def generate_pairs(num_pairs, target_locale="de", seed=0):
     raise DataError(f"Could not generate {num_pairs} distinct pairs")
 
 
-def default_corpus(sizes=(20000, 1000, 1000), target_locale="de", seed=0):
+def default_corpus(sizes=DEFAULT_SIZES, target_locale="de", seed=0):
     """The default corpus split into train, validation and test without overlap.
 
     Args:

@@ -10,12 +10,12 @@ import json
 import os
 
 from keras_transformer.models.presets import PRESETS
+from pipelines.data.default_corpus import DEFAULT_SIZES
+from pipelines.errors import ConfigError
+from pipelines.training.recipes import RECIPES
 
 CORPORA = ("default", "multi30k", "files", "tfds")
-
-
-class ConfigError(ValueError):
-    """A configuration that names something unknown or inconsistent."""
+MODEL_SIZES = ("num_layers", "hidden_dim", "intermediate_dim", "num_heads")
 
 
 @dataclasses.dataclass
@@ -34,13 +34,14 @@ class TrainConfig:
     tfds_train_split: str = "train"
     tfds_validation_split: str = "validation"
     target_locale: str = "de"
-    default_corpus_sizes: list = dataclasses.field(default_factory=lambda: [20000, 500, 500])
+    default_corpus_sizes: list = dataclasses.field(default_factory=lambda: list(DEFAULT_SIZES))
     # Tokenizer and batching.
     vocabulary_size: int = 8000
     batch_tokens: int = 4096
     max_length: int = 128
-    # Model: a preset plus overrides of its arguments.
-    preset: str = "transformer_small"
+    # Model: a preset plus overrides of its arguments, or no preset and every
+    # size argument in `model`.
+    preset: str | None = "transformer_small"
     model: dict = dataclasses.field(default_factory=dict)
     # Optimization.
     steps: int = 10000
@@ -63,8 +64,11 @@ class TrainConfig:
         """Raises `ConfigError` naming the first bad setting."""
         if self.corpus not in CORPORA:
             raise ConfigError(f"Unknown corpus {self.corpus!r}; expected one of {list(CORPORA)}")
-        if self.preset not in PRESETS:
+        if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"Unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
+        missing = [name for name in MODEL_SIZES if name not in self.model_arguments(1)]
+        if missing:
+            raise ConfigError(f"With no preset, model needs {missing} (--set model.NAME=VALUE)")
         if self.corpus == "multi30k" and not self.multi30k_dir:
             raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
         if self.corpus == "files" and not self.train_files:
@@ -92,92 +96,23 @@ class TrainConfig:
         return self
 
     def model_arguments(self, vocabulary_size):
-        """Arguments for `Transformer.from_preset(self.preset, **arguments)`."""
-        return {"vocabulary_size": vocabulary_size, **self.model}
+        """Arguments for `Transformer(**arguments)`: the preset's, then `model`'s."""
+        preset = PRESETS[self.preset] if self.preset else {}
+        return {"vocabulary_size": vocabulary_size, **preset, **self.model}
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
-RECIPES = {
-    # Trains with no arguments on the embedded CLDR corpus in minutes on a CPU.
-    "default": {
-        "corpus": "default",
-        "vocabulary_size": 500,
-        "batch_tokens": 1024,
-        "max_length": 64,
-        "model": {
-            "num_layers": 2,
-            "hidden_dim": 128,
-            "intermediate_dim": 512,
-            "num_heads": 4,
-            "dropout": 0.1,
-        },
-        "steps": 1600,
-        "steps_per_epoch": 200,
-        "warmup_steps": 300,
-        "learning_rate_scale": 0.5,
-        "average_last": 3,
-        "output_dir": "runs/default",
-    },
-    # Multi30k task 1 (29,000 pairs) within 60 minutes on a 2-core CPU: 15
-    # epochs. A 4-layer width-128 model (Wu et al., 2021, "Transformer-Tiny")
-    # is what 2 cores can train that often; in so few epochs it underfits
-    # rather than overfits, so dropout stays at 0.1, and the learning rate
-    # peaks at 0.0022 after a short warmup. The last 5 checkpoints are averaged.
-    "multi30k": {
-        "corpus": "multi30k",
-        "vocabulary_size": 8000,
-        "batch_tokens": 4096,
-        "max_length": 100,
-        "model": {
-            "num_layers": 4,
-            "hidden_dim": 128,
-            "intermediate_dim": 256,
-            "num_heads": 4,
-            "dropout": 0.1,
-        },
-        "steps": 1500,
-        "steps_per_epoch": 100,
-        "warmup_steps": 400,
-        "learning_rate_scale": 0.5,
-        "output_dir": "runs/multi30k",
-        "average_last": 5,
-        # 46 minutes here; on a slower machine, stop while averaging and the
-        # test-set evaluation still fit in the hour.
-        "max_minutes": 57,
-    },
-    # The paper's base and big models (section 5, Table 3), 25,000-token batches.
-    "base": {
-        "preset": "transformer_base",
-        "vocabulary_size": 37000,
-        "batch_tokens": 25000,
-        "max_length": 256,
-        "steps": 100000,
-        "steps_per_epoch": 1000,
-        "warmup_steps": 4000,
-        "average_last": 5,
-        "output_dir": "runs/base",
-    },
-    "big": {
-        "preset": "transformer_big",
-        "vocabulary_size": 37000,
-        "batch_tokens": 25000,
-        "max_length": 256,
-        "steps": 300000,
-        "steps_per_epoch": 1000,
-        "warmup_steps": 4000,
-        "average_last": 20,
-        "output_dir": "runs/big",
-    },
-}
-
-
 def _merge(config, values, origin):
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    for key, value in values.items():
+    # A preset set here replaces the model of earlier sources; `model` set
+    # here (applied after it) still overrides the new preset's arguments.
+    for key, value in sorted(values.items(), key=lambda item: item[0] != "preset"):
         if key not in fields:
             raise ConfigError(f"Unknown setting {key!r} in {origin}")
+        if key == "preset" and value != config.preset:
+            config.model = {}
         if key == "model":
             value = {**config.model, **value}
         setattr(config, key, value)

@@ -13,7 +13,7 @@ import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from pipelines.corpus import DataError
+from pipelines.errors import DataError
 
 # The ids the Transformer model expects by default (pad_id, bos_id, eos_id).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3

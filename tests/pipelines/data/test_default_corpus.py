@@ -1,8 +1,8 @@
 import babel
 import pytest
 
-from pipelines.corpus import DataError
-from pipelines.default_corpus import default_corpus, generate_pairs
+from pipelines.data.default_corpus import default_corpus, generate_pairs
+from pipelines.errors import DataError
 
 
 def test_deterministic_by_seed():

@@ -2,9 +2,9 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from pipelines.corpus import DataError
-from pipelines.default_corpus import generate_pairs
-from pipelines.tokenizer import load_tokenizer, train_sentencepiece, vocabulary_size
+from pipelines.data.default_corpus import generate_pairs
+from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece, vocabulary_size
+from pipelines.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from pipelines.batching import bucket_bounds, make_dataset, padding_efficiency
-from pipelines.corpus import load_multi30k
-from pipelines.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, train_sentencepiece
+from pipelines.data.batching import bucket_bounds, make_dataset, padding_efficiency
+from pipelines.data.corpus import load_multi30k
+from pipelines.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, train_sentencepiece
 
 
 def rows(batch_ids):

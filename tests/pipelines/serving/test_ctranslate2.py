@@ -8,10 +8,11 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from keras_transformer import beam_search, greedy_search
-from pipelines import ctranslate2_export, train
-from pipelines.corpus import read_lines
-from pipelines.tokenizer import EOS_ID, load_tokenizer
-from pipelines.translation import decode, encode
+from pipelines.commands import ctranslate2_export, train
+from pipelines.data.corpus import read_lines
+from pipelines.data.tokenizer import EOS_ID, load_tokenizer
+from pipelines.serving.ctranslate2 import CTranslate2Translator, convert
+from pipelines.serving.translation import decode, encode
 from tests.pipelines.conftest import tiny_translation_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -46,7 +47,7 @@ def keras_log_probs(model, processor, sources, targets):
 def test_converted_model_scores_every_token_as_keras_does(tmp_path, architecture):
     arguments = {"num_layers": 2, "hidden_dim": 32, "intermediate_dim": 64, "num_heads": 2}
     model, spm_path = tiny_translation_model(tmp_path, 150, **{**arguments, **architecture})
-    path = ctranslate2_export.convert(model, spm_path, str(tmp_path / "ct2"), max_length=32)
+    path = convert(model, spm_path, str(tmp_path / "ct2"), max_length=32)
     processor = spm.SentencePieceProcessor(model_file=spm_path)
     targets = ["Montag, 3. März 2014", "16:08", "12,5 %", "1.234,5 Kilometer"]
     translator = ctranslate2.Translator(path, device="cpu")
@@ -94,7 +95,7 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
     tokenizer = load_tokenizer(f"{run}/sentencepiece.model")
     max_length = json.load(open(f"{run}/config.json"))["max_length"]
     source_ids = encode(tokenizer, tf.constant(sources), EOS_ID, max_length).to_tensor()
-    translator = ctranslate2_export.CTranslate2Translator(path)
+    translator = CTranslate2Translator(path)
     # With no length penalty both beam searches maximise the same score.
     greedy = greedy_search(model, source_ids, return_scores=True)
     beam = beam_search(model, source_ids, beam_size=4, alpha=0.0)
@@ -118,7 +119,7 @@ def test_export_command_refuses_to_overwrite_and_names_missing_files(trained_run
     assert ctranslate2_export.main(argv) == 2
     assert "exists" in capsys.readouterr().err
     assert ctranslate2_export.main([*argv, "--force"]) == 0
-    translator = ctranslate2_export.CTranslate2Translator(output)
+    translator = CTranslate2Translator(output)
     translations, scores, lengths = translator.translate(["4:08 PM", "12.5%"], beam_size=2)
     assert len(translations) == 2 and all(length > 0 for length in lengths)
     missing = ["--run-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "x")]

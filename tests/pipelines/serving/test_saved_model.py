@@ -11,10 +11,12 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import beam_search, greedy_search
-from pipelines import export
-from pipelines.corpus import DataError
-from pipelines.tokenizer import EOS_ID
-from pipelines.translation import decode, encode
+from pipelines.commands import export as export_command
+from pipelines.data.tokenizer import EOS_ID
+from pipelines.errors import ExportError
+from pipelines.serving.saved_model import Translator, export
+from pipelines.serving.translation import decode, encode
+from pipelines.serving.versions import next_version
 from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,10 +33,10 @@ def exported(tmp_path_factory):
     model, spm_path = tiny_translation_model(
         root, 150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
     )
-    translator = export.Translator(
+    translator = Translator(
         model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3, chunk_size=3
     )
-    path = export.export(translator, str(root / "saved_models" / "tiny"))
+    path = export(translator, str(root / "saved_models" / "tiny"))
     return translator, model, spm_path, path
 
 
@@ -163,7 +165,7 @@ def graph_ops(path):
 
 
 def read_ops(name):
-    with open(os.path.join(HERE, "data", name), encoding="utf-8") as handle:
+    with open(os.path.join(HERE, "ops", name), encoding="utf-8") as handle:
         return {line.strip() for line in handle if line.strip() and line[0] != "#"}
 
 
@@ -183,16 +185,16 @@ def test_graph_uses_only_ops_tf_serving_2_20_registers(exported):
 def test_versions_count_up_and_are_never_overwritten(exported, tmp_path):
     translator = exported[0]
     base = str(tmp_path / "model")
-    assert export.next_version(base) == 1
+    assert next_version(base) == 1
     os.makedirs(os.path.join(base, "3"))
-    assert export.export(translator, base).endswith(os.path.join("model", "4"))
-    with pytest.raises(DataError, match="already exists"):
-        export.export(translator, base, version=4)
+    assert export(translator, base).endswith(os.path.join("model", "4"))
+    with pytest.raises(ExportError, match="already exists"):
+        export(translator, base, version=4)
     assert sorted(os.listdir(base)) == ["3", "4"]
 
 
 def test_command_errors_name_the_missing_file(tmp_path, capsys):
-    assert export.main(["--run-dir", str(tmp_path), "--base", str(tmp_path)]) == 2
+    assert export_command.main(["--run-dir", str(tmp_path), "--base", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model not found") and str(tmp_path) in err
 
@@ -218,8 +220,8 @@ def test_translate_command_writes_the_signatures_translations_in_order(exported,
 
 def test_a_large_request_returns_what_small_requests_return(exported):
     """1,000 sentences in one request, sorted and chunked in the graph, against 16 requests."""
-    from pipelines.default_corpus import generate_pairs
-    from pipelines.translation import translate_strings
+    from pipelines.data.default_corpus import generate_pairs
+    from pipelines.serving.translation import translate_strings
 
     translator, model, _, _ = exported
 

@@ -11,13 +11,13 @@ import keras
 import tensorflow as tf
 
 import keras_transformer as kt
-from pipelines import batching, corpus, default_corpus, tokenizer
-from pipelines.average import average_checkpoints
-from pipelines.config import ConfigError
-from pipelines.evaluation import bleu, translate
-from pipelines.trainer import TimeBudget, Trainer
+from pipelines.data import batching, corpus, default_corpus, tokenizer
+from pipelines.errors import ConfigError
+from pipelines.evaluation import score, translate
+from pipelines.training.checkpoints import average_checkpoints, repair_backup
+from pipelines.training.trainer import TimeBudget, Trainer
 
-logger = logging.getLogger("pipelines.train")
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -74,49 +74,10 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
-def _readable(path, check):
-    try:
-        check(path)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-def _repair_backup(backup_dir):
-    """Drops backup files a kill left half-written, so BackupAndRestore can load.
-
-    With `double_checkpoint=True` the previous backup survives as `*.bkp`; a
-    half-written latest file is replaced by it. Without any complete backup the
-    run starts from scratch (and says so).
-    """
-    import h5py
-
-    weights = os.path.join(backup_dir, "latest.weights.h5")
-    metadata = os.path.join(backup_dir, "training_metadata.json")
-    checks = [(weights, lambda p: h5py.File(p, "r").close()), (metadata, _load_json)]
-    for path, check in checks:
-        if not os.path.exists(path) or _readable(path, check):
-            continue
-        previous = path + ".bkp"
-        if os.path.exists(previous) and _readable(previous, check):
-            logger.warning("%s is incomplete; using the previous backup", path)
-            os.replace(previous, path)
-        else:
-            logger.warning("%s is incomplete and has no previous copy; starting anew", path)
-            for name in os.listdir(backup_dir):
-                os.remove(os.path.join(backup_dir, name))
-            return
-
-
-def _load_json(path):
-    with open(path, encoding="utf-8") as handle:
-        json.load(handle)
-
-
 def _callbacks(config, out_dir, is_chief, started):
     backup_dir = os.path.join(out_dir, "backup")
     if os.path.isdir(backup_dir):
-        _repair_backup(backup_dir)
+        repair_backup(backup_dir)
     callbacks = [
         keras.callbacks.BackupAndRestore(
             backup_dir, save_freq=config.backup_every, double_checkpoint=True
@@ -213,9 +174,7 @@ def run_training(config):
         keras.mixed_precision.set_dtype_policy(config.mixed_precision)
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
-        model = kt.Transformer.from_preset(
-            config.preset, **config.model_arguments(tokenizer.vocabulary_size(spm_path))
-        )
+        model = kt.Transformer(**config.model_arguments(tokenizer.vocabulary_size(spm_path)))
         model.build(((None, None), (None, None)))
         optimizer = kt.transformer_optimizer(
             model.hidden_dim, config.warmup_steps, config.learning_rate_scale
@@ -271,8 +230,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
             with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
                 handle.writelines(f"{text}\n" for text in texts)
         hypotheses = translate(model, tok, sources, max_length=config.max_length)
-        score, signature = bleu(hypotheses, [t for _, t in evaluation])
-        result.update({"greedy_bleu": round(score, 2), "bleu_signature": signature})
+        scores = score(hypotheses, [t for _, t in evaluation])
+        result.update({"greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]})
         result["examples"] = [
             {"source": s, "translation": h, "reference": t}
             for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]

@@ -1,0 +1,52 @@
+"""PNG heat map of the encoder-decoder attention for one sentence (`kt-attention`).
+
+    python -m pipelines.attention --run-dir runs/default \\
+        --source "Monday, March 3, 2014" --output attention.png
+
+Rows are target subwords, columns source subwords. Without `--target` the
+model's own greedy translation is shown. `--layer` and `--head` pick one panel;
+`--head mean` averages heads; the default draws every layer (rows of panels)
+and head (columns).
+"""
+
+import argparse
+import sys
+
+from pipelines.commands import run
+from pipelines.training.config import add_run_arguments, run_files
+
+
+def _draw(args):
+    import sentencepiece as spm
+
+    from pipelines import visualization
+    from pipelines.training.checkpoints import load_checkpoint
+
+    model_path, spm_path = run_files(args)
+    model = load_checkpoint(model_path)
+    processor = spm.SentencePieceProcessor(model_file=spm_path)
+    attention, source_pieces, target_pieces = visualization.attention_maps(
+        model, processor, args.source, args.target
+    )
+    panels, titles = visualization.select(attention, args.layer, args.head)
+    width, height = visualization.plot(panels, titles, source_pieces, target_pieces, args.output)
+    print(f"{args.output}: {width}x{height} pixels, target: {''.join(target_pieces[:-1])}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.attention",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_arguments(parser)
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--target", help="defaults to the model's greedy translation")
+    parser.add_argument("--layer", default="all", help="'all' or a layer index")
+    parser.add_argument("--head", default="all", help="'all', 'mean' or a head index")
+    parser.add_argument("--output", default="attention.png")
+    return run(_draw, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Averages checkpoints (section 6.1: the last 5 or 20 checkpoints) (`kt-average`).
+
+python -m pipelines.average runs/multi30k/checkpoints/*.keras --output averaged.keras
+"""
+
+import argparse
+import sys
+
+from pipelines.commands import run
+
+
+def _average(args):
+    from pipelines.training.checkpoints import average_checkpoints  # imports Keras
+
+    average_checkpoints(args.checkpoints, args.output)
+    print(f"Averaged {len(args.checkpoints)} checkpoints into {args.output}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.average", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("checkpoints", nargs="+", help=".keras checkpoints of one run")
+    parser.add_argument("--output", required=True, help="the averaged .keras model to write")
+    return run(_average, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Converts a trained run to a CTranslate2 model folder (`kt-ct2-export`).
+
+    python -m pipelines.ctranslate2_export --run-dir runs/multi30k --output ct2/multi30k
+
+CTranslate2 is an optional extra (`pip install "keras-transformer[ctranslate2]"`);
+see `pipelines.serving.ctranslate2` for what the folder holds.
+"""
+
+import argparse
+import sys
+
+from pipelines.commands import run
+from pipelines.errors import UsageError
+from pipelines.training.config import add_run_arguments, max_source_length, run_files
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.ctranslate2_export", description=__doc__.splitlines()[0]
+    )
+    add_run_arguments(parser)
+    parser.add_argument("--output", required=True, help="the CTranslate2 folder to write")
+    parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
+    parser.add_argument("--quantization", help="e.g. int8, int8_float32, float16")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    return parser.parse_args(argv)
+
+
+def _convert(args):
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            'CTranslate2 is not installed: pip install "keras-transformer[ctranslate2]"'
+        ) from None
+    from pipelines.serving.ctranslate2 import convert
+    from pipelines.training.checkpoints import load_checkpoint
+
+    model_path, spm_path = run_files(args)
+    max_length = max_source_length(args)
+    model = load_checkpoint(model_path)
+    print(convert(model, spm_path, args.output, max_length, args.quantization, force=args.force))
+
+
+def main(argv=None):
+    return run(_convert, _parse(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

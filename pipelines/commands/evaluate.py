@@ -1,0 +1,46 @@
+"""Scores translations against references with sacreBLEU: BLEU and chrF (`kt-evaluate`).
+
+    python -m pipelines.evaluate --hypotheses out.de --references test.de --output scores.json
+
+Prints each score with its sacreBLEU signature and writes the same as JSON.
+"""
+
+import argparse
+import json
+import sys
+
+from pipelines.commands import run
+from pipelines.data.corpus import read_lines
+from pipelines.errors import DataError
+from pipelines.evaluation import score
+
+
+def _evaluate(args):
+    hypotheses = read_lines(args.hypotheses)
+    references = read_lines(args.references)
+    if len(hypotheses) != len(references):
+        raise DataError(
+            f"{args.hypotheses} has {len(hypotheses)} lines but {args.references} has "
+            f"{len(references)}"
+        )
+    scores = score(hypotheses, references, args.lowercase)
+    print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(scores, handle, indent=2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.evaluate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--hypotheses", required=True, help="one translation a line")
+    parser.add_argument("--references", required=True, help="one reference a line, aligned")
+    parser.add_argument("--lowercase", action="store_true")
+    parser.add_argument("--output", help="JSON file for the scores")
+    return run(_evaluate, parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

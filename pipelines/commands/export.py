@@ -1,0 +1,67 @@
+"""Exports a trained run as a SavedModel for TF Serving (`kt-export`).
+
+    python -m pipelines.export --run-dir runs/default --name default
+
+writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
+`pipelines.serving.saved_model` for its signatures.
+"""
+
+import argparse
+import os
+import sys
+
+from pipelines.commands import run
+from pipelines.errors import ConfigError
+from pipelines.serving.translation import CHUNK_SIZE
+from pipelines.training.config import add_run_arguments, max_source_length, run_files
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.export", description=__doc__.splitlines()[0]
+    )
+    add_run_arguments(parser)
+    parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
+    parser.add_argument("--name", default="translator", help="model name (folder under --base)")
+    parser.add_argument("--base", default="saved_models", help="where model folders live")
+    parser.add_argument("--version", type=int, help="defaults to the next free integer")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--nbest", type=int, default=4, help="hypotheses returned by `nbest`")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=CHUNK_SIZE,
+        help="the most sentences of a request searched at once (bounds memory)",
+    )
+    return parser.parse_args(argv)
+
+
+def _export(args):
+    model_path, spm_path = run_files(args)
+    max_length = max_source_length(args)
+    if not 1 <= args.nbest <= args.beam_size:
+        raise ConfigError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
+    if args.chunk_size < 1:
+        raise ConfigError(f"--chunk-size must be positive. Received: {args.chunk_size}")
+    from pipelines.serving.saved_model import Translator, export
+    from pipelines.training.checkpoints import load_checkpoint
+
+    translator = Translator(
+        load_checkpoint(model_path),
+        spm_path,
+        max_length,
+        args.beam_size,
+        args.alpha,
+        args.nbest,
+        args.chunk_size,
+    )
+    print(export(translator, os.path.join(args.base, args.name), args.version))
+
+
+def main(argv=None):
+    return run(_export, _parse(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

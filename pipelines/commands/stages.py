@@ -1,0 +1,89 @@
+"""The product's stages as a user runs them: each command in its own process.
+
+`pipelines.demo` and `benchmarks/multi30k_recipe.py` both train, then export,
+translate with the SavedModel (in a process that loads only TensorFlow and the
+export) and score; they share these functions.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from pipelines.errors import UsageError
+
+
+def run_stage(title, module, arguments, env=None):
+    """Runs `python -m module *arguments` in a fresh process and times it.
+
+    Args:
+        title: str, printed above the command.
+        module: str, e.g. "pipelines.train".
+        arguments: list of str.
+        env: dict or None, the process environment (default: this one's).
+
+    Returns:
+        float, wall-clock seconds.
+
+    Raises:
+        UsageError: the command exited with a non-zero status (its own error
+            message is already on stderr).
+    """
+    print(f"\n== {title}\n$ python -m {module} {' '.join(arguments)}", flush=True)
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", module, *arguments], env=env)
+    if result.returncode != 0:
+        raise UsageError(f"{title} failed (exit {result.returncode})")
+    return round(time.perf_counter() - started, 1)
+
+
+def export_translate_score(run_dir, export_dir, source, reference, prefix, env=None, **options):
+    """Exports `run_dir`, translates `source` with the SavedModel, scores it.
+
+    Args:
+        run_dir: str, a training output folder.
+        export_dir: str, the model's folder (`BASE/NAME`); a new version is added.
+        source, reference: str, aligned text files.
+        prefix: str, outputs go to `{prefix}.translation` and the scores to
+            `{prefix}.scores.json` (cased) and `{prefix}.scores.lowercased.json`.
+        env: dict or None, the processes' environment.
+        **options: `beam_size` (4), `alpha` (0.6), `lowercase` (also score
+            lowercased text, False).
+
+    Returns:
+        `(seconds, scores)`: dicts keyed by stage, and by "cased" /
+        "lowercased" holding `pipelines.evaluation.score` results.
+    """
+    beam = ["--beam-size", str(options.get("beam_size", 4))]
+    beam += ["--alpha", str(options.get("alpha", 0.6))]
+    base, name = os.path.split(os.path.normpath(export_dir))
+    seconds = {
+        "export": run_stage(
+            "Export a SavedModel for TF Serving",
+            "pipelines.export",
+            ["--run-dir", run_dir, "--base", base, "--name", name, *beam],
+            env,
+        )
+    }
+    translation = f"{prefix}.translation"
+    seconds["translate"] = run_stage(
+        "Translate with the SavedModel",
+        "pipelines.translate",
+        ["--model", export_dir, "--input", source, "--output", translation, *beam],
+        env,
+    )
+    cases = {"cased": ([], f"{prefix}.scores.json")}
+    if options.get("lowercase"):
+        cases["lowercased"] = (["--lowercase"], f"{prefix}.scores.lowercased.json")
+    scores = {}
+    for case, (flags, path) in cases.items():
+        arguments = ["--hypotheses", translation, "--references", reference, "--output", path]
+        run_stage(f"Score it with sacreBLEU ({case})", "pipelines.evaluate", arguments + flags, env)
+        scores[case] = _read_json(path)
+    return seconds, scores
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

@@ -1,0 +1,1 @@
+"""Corpora, the embedded default corpus, SentencePiece tokenization and tf.data batching."""

@@ -1,0 +1,1 @@
+"""Translating strings in-graph, the SavedModel for TF Serving, CTranslate2 conversion."""

@@ -1,0 +1,48 @@
+"""Translating lines with an exported SavedModel from Python.
+
+Needs only TensorFlow and tensorflow-text (for the SentencePiece ops the
+SavedModel's graph holds); never imports Keras or `keras_transformer`.
+"""
+
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedModel uses
+
+from pipelines.serving.versions import resolve_version
+
+
+def load_signature(path, name="translate"):
+    """The signature `name` of the SavedModel at `path` (a version or model folder)."""
+    return tf.saved_model.load(resolve_version(path)).signatures[name]
+
+
+def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, progress=None):
+    """Translates byte strings in batches of similar length, returning them in order.
+
+    Args:
+        signature: the SavedModel's `translate` signature.
+        lines: list of bytes, one sentence each.
+        beam_size: int, 1 for greedy search.
+        alpha: float, length penalty exponent.
+        batch_size: int, sentences per call; the SavedModel sorts a call's
+            sentences by length and searches them in chunks.
+        progress: callable(done, total) or None.
+
+    Returns:
+        `(translations, scores)`: lists of str and float in input order.
+    """
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    translations, scores = [None] * len(lines), [None] * len(lines)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        outputs = signature(
+            inputs=tf.constant([lines[i] for i in batch], tf.string),
+            beam_size=tf.constant(beam_size, tf.int32),
+            alpha=tf.constant(alpha, tf.float32),
+        )
+        for i, text, score in zip(
+            batch, outputs["translations"].numpy(), outputs["scores"].numpy(), strict=True
+        ):
+            translations[i], scores[i] = text.decode("utf-8"), float(score)
+        if progress:
+            progress(min(start + batch_size, len(order)), len(order))
+    return translations, scores

@@ -1,0 +1,239 @@
+"""Converts a trained Transformer to a CTranslate2 model folder, and translates with it.
+
+CTranslate2 is a C++ inference engine for Transformer translation models. It
+is an optional extra (`pip install "keras-transformer[ctranslate2]"`); this
+module imports it only when called.
+
+    python -m pipelines.ctranslate2_export --run-dir runs/multi30k --output ct2/multi30k
+
+The folder holds `model.bin`, `config.json`, the shared vocabulary and a copy
+of `sentencepiece.model`. `CTranslate2Translator` wraps it with the same
+tokenization as the SavedModel export: SentencePiece pieces, EOS appended to
+the source, sources longer than `max_length - 1` pieces truncated.
+
+CTranslate2 ranks finished hypotheses by `log p / length**length_penalty`
+rather than GNMT's `((5 + length) / 6)**alpha`, so only with no length penalty
+(`alpha=0` here, `length_penalty=0` there) do the two beam searches maximise
+the same score.
+
+No converter ships with CTranslate2 for Keras models, hence this one: it maps
+each weight of `keras_transformer.Transformer` onto `TransformerSpec`.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from pipelines.errors import ExportError
+
+_ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
+
+
+def _numpy(variable):
+    return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable, np.float32)
+
+
+def _set_linear(spec, dense):
+    """A Keras (in, out) kernel becomes CTranslate2's (out, in) weight."""
+    kernel = _numpy(dense.kernel)
+    spec.weight = np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T)
+    if dense.bias is not None:
+        spec.bias = _numpy(dense.bias).reshape(-1)
+
+
+def _projection_weights(attention, name):
+    """`(H*K, D)` weight and `(H*K,)` bias of the query, key or value projection."""
+    dense = getattr(attention, f"_{name}_dense")
+    kernel = _numpy(dense.kernel)  # (D, H, K)
+    bias = None if dense.bias is None else _numpy(dense.bias).reshape(-1)
+    return kernel.reshape(kernel.shape[0], -1).T, bias
+
+
+def _set_fused(spec, attention, names):
+    weights = [_projection_weights(attention, name) for name in names]
+    spec.weight = np.ascontiguousarray(np.concatenate([w for w, _ in weights], axis=0))
+    if weights[0][1] is not None:
+        spec.bias = np.concatenate([b for _, b in weights], axis=0)
+
+
+def _set_attention(spec, attention, norm, self_attention):
+    if self_attention:
+        _set_fused(spec.linear[0], attention, ("query", "key", "value"))
+    else:
+        _set_fused(spec.linear[0], attention, ("query",))
+        _set_fused(spec.linear[1], attention, ("key", "value"))
+    output = attention._output_dense  # kernel (H, K, D)
+    kernel = _numpy(output.kernel)
+    spec.linear[-1].weight = np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T)
+    if output.bias is not None:
+        spec.linear[-1].bias = _numpy(output.bias)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_norm(spec, norm):
+    spec.gamma = _numpy(norm.gamma)
+    spec.beta = _numpy(norm.beta)
+
+
+def _set_feed_forward(spec, layer):
+    _set_linear(spec.linear_0, layer._feed_forward._intermediate_dense)
+    _set_linear(spec.linear_1, layer._feed_forward._output_dense)
+    _set_norm(spec.layer_norm, layer._feed_forward_norm)
+
+
+def _positions(model, encoding_layer, num_positions):
+    if model.learned_positions:
+        return _numpy(encoding_layer.position_embeddings)
+    return _numpy(encoding_layer.encoding(num_positions, model.hidden_dim))
+
+
+def model_spec(model, pieces, num_positions=1024):
+    """Describes a built `Transformer` as a `ctranslate2.specs.TransformerSpec`.
+
+    Args:
+        model: a built `keras_transformer.Transformer` with one shared vocabulary.
+        pieces: list of str, the vocabulary in id order.
+        num_positions: int, sinusoidal positions written into the model (the
+            longest source or translation it can handle).
+
+    Returns:
+        the spec, weights set and vocabularies registered.
+    """
+    from ctranslate2 import specs
+
+    if model.target_vocabulary_size != model.vocabulary_size:
+        raise ExportError("CTranslate2 export needs one shared vocabulary")
+    if len(pieces) != model.vocabulary_size:
+        raise ExportError(
+            f"the SentencePiece model has {len(pieces)} pieces but the model's "
+            f"vocabulary_size is {model.vocabulary_size}"
+        )
+    activation = model.activation.__name__
+    if activation not in _ACTIVATIONS:
+        raise ExportError(f"CTranslate2 has no activation {activation!r}")
+    spec = specs.TransformerSpec.from_config(
+        model.num_layers,
+        model.num_heads,
+        pre_norm=model.normalize_first,
+        activation=specs.Activation(_ACTIVATIONS[activation]),
+    )
+    spec.config.layer_norm_epsilon = model.layer_norm_epsilon
+    spec.config.add_source_eos = True
+    encoder, decoder = spec.encoder, spec.decoder
+    embeddings = _numpy(model.source_embedding.embeddings)
+    encoder.embeddings[0].weight = embeddings
+    decoder.embeddings.weight = _numpy(model.target_embedding.embeddings)
+    encoder.scale_embeddings = decoder.scale_embeddings = model.source_embedding.scale
+    encoder.position_encodings.encodings = _positions(model, model.source_positions, num_positions)
+    decoder.position_encodings.encodings = _positions(model, model.target_positions, num_positions)
+    if model.output_projection is None:
+        decoder.projection.weight = decoder.embeddings.weight
+    else:
+        _set_linear(decoder.projection, model.output_projection)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.stack_layers, strict=True):
+        _set_attention(
+            layer_spec.self_attention, layer._self_attention, layer._self_attention_norm, True
+        )
+        _set_feed_forward(layer_spec.ffn, layer)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.stack_layers, strict=True):
+        _set_attention(
+            layer_spec.self_attention, layer._self_attention, layer._self_attention_norm, True
+        )
+        _set_attention(
+            layer_spec.attention, layer._cross_attention, layer._cross_attention_norm, False
+        )
+        _set_feed_forward(layer_spec.ffn, layer)
+    for stack, stack_spec in ((model.encoder, encoder), (model.decoder, decoder)):
+        if stack._final_norm is not None:
+            _set_norm(stack_spec.layer_norm, stack._final_norm)
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    return spec
+
+
+def convert(model, spm_path, output_dir, max_length=128, quantization=None, force=False):
+    """Writes a CTranslate2 model folder for `model`.
+
+    Args:
+        model: a built `keras_transformer.Transformer`.
+        spm_path: str, its SentencePiece model (copied into the folder).
+        output_dir: str, the folder to write.
+        max_length: int, the most source pieces kept (EOS included), as in training.
+        quantization: str or None, e.g. "int8" (CTranslate2's weight types).
+        force: bool, replace an existing folder.
+
+    Returns:
+        `output_dir`.
+    """
+    import sentencepiece
+
+    if os.path.exists(output_dir) and not force:
+        raise ExportError(f"{output_dir} exists; pass force=True (--force) to replace it")
+    processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    spec = model_spec(model, pieces, num_positions=max_length + 51)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    staging = f"{output_dir}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    spec.save(staging)
+    shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
+    with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
+        json.dump({"max_length": max_length}, handle)
+    shutil.rmtree(output_dir, ignore_errors=True)
+    os.rename(staging, output_dir)
+    return output_dir
+
+
+class CTranslate2Translator:
+    """Translates sentences with a folder written by `convert`.
+
+    Args:
+        path: str, the folder.
+        threads: int, CPU threads for one translation batch.
+        compute_type: str, CTranslate2's compute type ("default" keeps the
+            saved weight type).
+    """
+
+    def __init__(self, path, threads=2, compute_type="default"):
+        import ctranslate2
+        import sentencepiece
+
+        self.translator = ctranslate2.Translator(
+            path, device="cpu", inter_threads=1, intra_threads=threads, compute_type=compute_type
+        )
+        self.processor = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(path, "sentencepiece.model")
+        )
+        with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as handle:
+            self.max_length = json.load(handle)["max_length"]
+
+    def translate(self, sentences, beam_size=4, length_penalty=0.6, batch_size=64):
+        """Translates `sentences` (list of str) in order.
+
+        Args:
+            sentences: list of str.
+            beam_size: int, 1 for greedy search.
+            length_penalty: float, CTranslate2's `score / length**length_penalty`.
+            batch_size: int, sentences per call (CTranslate2 sorts by length itself).
+
+        Returns:
+            `(translations, scores, token_counts)`: lists of str, float, int.
+        """
+        pieces = [p[: self.max_length - 1] for p in self.processor.encode(sentences, out_type=str)]
+        longest = max((len(p) for p in pieces), default=0)
+        results = self.translator.translate_batch(
+            pieces,
+            max_batch_size=batch_size,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            # The SavedModel's limit, source length (EOS included) + 50.
+            max_decoding_length=longest + 51,
+            return_scores=True,
+        )
+        tokens = [r.hypotheses[0] for r in results]
+        translations = [self.processor.decode_pieces(t) for t in tokens]
+        return translations, [r.scores[0] for r in results], [len(t) for t in tokens]

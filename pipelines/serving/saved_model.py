@@ -1,0 +1,154 @@
+"""SavedModel export for TF Serving: raw sentences in, translations out.
+
+`export(Translator(model, ...), "saved_models/default")` writes
+`saved_models/default/1/` (TF Serving's `NAME/VERSION` layout; the command is
+`python -m pipelines.export`). The SavedModel
+holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
+does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
+search with the key/value cache over length-sorted chunks of the request,
+detokenization. It needs only tensorflow and tensorflow-text to load.
+
+Signatures (every input is a string tensor `inputs` of shape `[None]`):
+    serving_default: `translations` string `[None]`, `scores` float32 `[None]`,
+        beam search with the export's beam size and length penalty.
+    nbest: `translations` string `[None, N]`, `scores` float32 `[None, N]`,
+        the N best hypotheses per sentence, best first.
+    translate: also takes `beam_size` (int32 scalar) and `alpha` (float32
+        scalar); beam size 1 is greedy search.
+
+An empty (or all-space) sentence translates to an empty string with score 0.
+A sentence longer than `max_source_length` tokens (end-of-sequence included)
+is truncated to that length and translated. Bytes that are not valid UTF-8 are
+replaced by U+FFFD before tokenization.
+"""
+
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from pipelines.errors import ExportError
+from pipelines.serving.translation import CHUNK_SIZE, translate_strings
+from pipelines.serving.versions import next_version
+
+SIGNATURE_INPUT = "inputs"
+
+
+class Translator(tf.Module):
+    """A Keras `Transformer` and its tokenizer, wrapped for `tf.saved_model.save`.
+
+    Every signature runs `pipelines.serving.translation.translate_strings`: a request
+    is sorted by length and translated `chunk_size` sentences at a time, so its
+    memory does not grow with its size.
+
+    The module tracks the tf.Variables its traced signatures read, not the
+    Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
+    `saved_model_cli run`) restores only variables saved that way; with the
+    Keras model tracked instead, loading works in Python but TF Serving
+    fails with "Could not find variable".
+
+    Args:
+        model: a trained `Transformer`.
+        sentencepiece_path: str, the SentencePiece model used in training.
+        max_source_length: int, source ids kept per sentence (EOS included).
+        beam_size: int, beam size of `serving_default` and `nbest`.
+        alpha: float, length penalty exponent of `serving_default` and `nbest`.
+        num_hypotheses: int, hypotheses per sentence returned by `nbest`.
+        chunk_size: int, the most sentences searched at once.
+    """
+
+    def __init__(
+        self,
+        model,
+        sentencepiece_path,
+        max_source_length,
+        beam_size=4,
+        alpha=0.6,
+        num_hypotheses=4,
+        chunk_size=CHUNK_SIZE,
+    ):
+        super().__init__(name="translator")
+        # The file ships in the SavedModel's assets/ for users and other
+        # runtimes; tf-text's tokenizer op takes the proto as an attribute, so
+        # the graph holds its own copy of the same bytes.
+        self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
+        with open(sentencepiece_path, "rb") as handle:
+            self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
+
+        def translate(sentences, beam_size, alpha, num_hypotheses):
+            return translate_strings(
+                model,
+                self.tokenizer,
+                sentences,
+                beam_size=beam_size,
+                alpha=alpha,
+                num_hypotheses=num_hypotheses,
+                max_source_length=max_source_length,
+                chunk_size=chunk_size,
+            )
+
+        sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
+
+        @tf.function(input_signature=[sentences_spec])
+        def serve(inputs):
+            texts, scores = translate(inputs, beam_size, alpha, 1)
+            return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+        @tf.function(input_signature=[sentences_spec])
+        def nbest(inputs):
+            texts, scores = translate(inputs, beam_size, alpha, num_hypotheses)
+            return {"translations": texts, "scores": scores}
+
+        @tf.function(
+            input_signature=[
+                sentences_spec,
+                tf.TensorSpec([], tf.int32, name="beam_size"),
+                tf.TensorSpec([], tf.float32, name="alpha"),
+            ]
+        )
+        def translate_with(inputs, beam_size, alpha):
+            tf.debugging.assert_positive(beam_size, message="beam_size must be positive")
+            texts, scores = translate(inputs, beam_size, alpha, 1)
+            return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+        self.serve, self.nbest, self.translate = serve, nbest, translate_with
+        # The tf.Variables the traced signatures read, deduplicated by handle.
+        captured = {}
+        for function in (serve, nbest, translate_with):
+            for variable in function.get_concrete_function().variables:
+                captured.setdefault(id(variable), variable)
+        self.model_variables = list(captured.values())
+
+    def signatures(self):
+        return {"serving_default": self.serve, "nbest": self.nbest, "translate": self.translate}
+
+
+def export(translator, base_dir, version=None):
+    """Writes `translator` to `base_dir/VERSION/`, atomically.
+
+    The SavedModel is written to a hidden folder beside the version and renamed
+    into place, so TF Serving, which polls `base_dir` for new versions, never
+    sees a half-written one. An existing version is never overwritten.
+
+    Args:
+        translator: a `Translator`.
+        base_dir: str, the model's folder, e.g. `saved_models/default`.
+        version: int or None, defaults to `next_version(base_dir)`.
+
+    Returns:
+        str, the version's folder.
+    """
+    version = next_version(base_dir) if version is None else int(version)
+    target = os.path.join(base_dir, str(version))
+    if os.path.exists(target):
+        raise ExportError(f"{target} already exists; choose another --version")
+    os.makedirs(base_dir, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base_dir)
+    try:
+        tf.saved_model.save(translator, staging, signatures=translator.signatures())
+        os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

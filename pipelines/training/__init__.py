@@ -1,0 +1,1 @@
+"""Training configuration and recipes, the distributed run, the Trainer, checkpoints."""

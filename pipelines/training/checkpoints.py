@@ -1,0 +1,124 @@
+"""Checkpoints: loading, averaging (section 6.1) and repairing a killed run's backup."""
+
+import json
+import logging
+import os
+
+import keras
+import numpy as np
+
+import keras_transformer  # noqa: F401  registers the classes that .keras files name
+from pipelines.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+
+def load_checkpoint(path, compile=False):
+    """Loads a `.keras` file, naming the file when it cannot be used.
+
+    Args:
+        path: str, a `.keras` file written by training or averaging.
+        compile: bool, restore the training configuration too.
+
+    Returns:
+        the `keras.Model`.
+
+    Raises:
+        CheckpointError: the file is missing or not a loadable Keras model.
+    """
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Cannot load checkpoint {path}: no such file")
+    try:
+        return keras.saving.load_model(path, compile=compile)
+    except (OSError, ValueError, KeyError) as error:
+        raise CheckpointError(f"Cannot load checkpoint {path}: {error}") from None
+
+
+def average_checkpoints(paths, output_path):
+    """Writes a model whose weights are the element-wise mean of the checkpoints'.
+
+    Checkpoints are read one at a time into a running float64 sum, so memory
+    holds two models whatever the number of checkpoints (20 checkpoints of
+    `transformer_big` would otherwise be about 17 GB).
+
+    Args:
+        paths: list of str, `.keras` files of one architecture.
+        output_path: str, the `.keras` file to write.
+
+    Returns:
+        the averaged `keras.Model` (not compiled).
+
+    Raises:
+        CheckpointError: no paths, an unreadable file, or another architecture.
+    """
+    if not paths:
+        raise CheckpointError("No checkpoints to average")
+    averaged = load_checkpoint(paths[0])
+    # float64 sums: averaging many checkpoints adds no rounding of its own.
+    sums = [np.asarray(w, np.float64) for w in averaged.get_weights()]
+    shapes = [w.shape for w in sums]
+    for path in paths[1:]:
+        weights = load_checkpoint(path).get_weights()
+        if [w.shape for w in weights] != shapes:
+            raise CheckpointError(f"{path} does not have the architecture of {paths[0]}")
+        for total, weight in zip(sums, weights, strict=True):
+            total += weight
+    averaged.set_weights(
+        [
+            (total / len(paths)).astype(w.dtype)
+            for total, w in zip(sums, averaged.weights, strict=True)
+        ]
+    )
+    averaged.save(output_path)
+    return averaged
+
+
+def _readable(path, check):
+    try:
+        check(path)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _check_json(path):
+    with open(path, encoding="utf-8") as handle:
+        json.load(handle)
+
+
+def _check_h5(path):
+    import h5py
+
+    h5py.File(path, "r").close()
+
+
+def repair_backup(backup_dir):
+    """Drops backup files a kill left half-written, so BackupAndRestore can load.
+
+    With `double_checkpoint=True` the previous backup survives as `*.bkp`; a
+    half-written latest file is replaced by it. Without any complete backup the
+    run starts from scratch (and says so).
+
+    Args:
+        backup_dir: str, the `backup/` folder of a run.
+
+    Returns:
+        str: "intact", "repaired" (a previous copy was restored) or "cleared".
+    """
+    status = "intact"
+    weights = os.path.join(backup_dir, "latest.weights.h5")
+    metadata = os.path.join(backup_dir, "training_metadata.json")
+    for path, check in ((weights, _check_h5), (metadata, _check_json)):
+        if not os.path.exists(path) or _readable(path, check):
+            continue
+        previous = path + ".bkp"
+        if os.path.exists(previous) and _readable(previous, check):
+            logger.warning("%s is incomplete; using the previous backup", path)
+            os.replace(previous, path)
+            status = "repaired"
+        else:
+            logger.warning("%s is incomplete and has no previous copy; starting anew", path)
+            for name in os.listdir(backup_dir):
+                os.remove(os.path.join(backup_dir, name))
+            return "cleared"
+    return status

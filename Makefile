@@ -16,7 +16,7 @@ AGNOSTIC_TESTS := tests --ignore=tests/pipelines
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[tensorflow,test]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -2,6 +2,18 @@
 
 from setuptools import find_packages, setup
 
+CORE = ["keras>=3.10,<4", "numpy>=1.26"]
+TENSORFLOW = [
+    "tensorflow>=2.21,<2.22",
+    "tensorflow-text>=2.21,<2.22",
+    "tensorflow-datasets>=4.9,<5",
+    "sacrebleu>=2.4,<3",
+    "sentencepiece>=0.2,<0.3",
+    "babel>=2.14,<3",
+    "tensorboard>=2.20",
+    "matplotlib>=3.8",
+]
+
 setup(
     name="keras-transformer",
     version="0.1.0",
@@ -13,34 +25,28 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["keras_transformer*", "pipelines*"]),
-    install_requires=[
-        "keras>=3.10,<4",
-        "numpy>=1.26",
-        "tensorflow>=2.21,<2.22",
-        "tensorflow-text>=2.21,<2.22",
-        "tensorflow-datasets>=4.9,<5",
-        "keras-hub>=0.21,<1",
-        "sacrebleu>=2.4,<3",
-        "sentencepiece>=0.2,<0.3",
-        "babel>=2.14,<3",
-        "tensorboard>=2.20",
-        "matplotlib>=3.8",
-    ],
+    # The layers, model, losses and decoding need Keras and one backend only
+    # (TensorFlow, JAX or PyTorch, installed by the user).
+    install_requires=CORE,
     entry_points={
         "console_scripts": [
-            "kt-train=pipelines.train:main",
-            "kt-average=pipelines.average:main",
-            "kt-export=pipelines.export:main",
-            "kt-translate=pipelines.translate:main",
-            "kt-evaluate=pipelines.evaluate:main",
-            "kt-attention=pipelines.attention:main",
-            "kt-demo=pipelines.demo:main",
-            "kt-ct2-export=pipelines.ctranslate2_export:main",
+            "kt-train=pipelines.commands.train:main",
+            "kt-average=pipelines.commands.average:main",
+            "kt-export=pipelines.commands.export:main",
+            "kt-translate=pipelines.commands.translate:main",
+            "kt-evaluate=pipelines.commands.evaluate:main",
+            "kt-attention=pipelines.commands.attention:main",
+            "kt-demo=pipelines.commands.demo:main",
+            "kt-ct2-export=pipelines.commands.ctranslate2_export:main",
         ]
     },
     extras_require={
+        # The TensorFlow pipelines: data, training, export, serving, commands.
+        "tensorflow": TENSORFLOW,
         "ctranslate2": ["ctranslate2>=4.5,<5"],
-        "test": [
+        "test": TENSORFLOW
+        + [
+            "keras-hub>=0.21,<1",
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff>=0.6",

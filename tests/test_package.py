@@ -2,7 +2,10 @@
 
 import ast
 import inspect
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +52,73 @@ def test_get_config_has_every_constructor_argument(cls):
     config = instance.get_config()
     missing = [name for name in parameters if name not in config]
     assert not missing, f"{cls.__name__}.get_config() lacks {missing}"
+
+
+ROOT = PACKAGE.parent
+# What the core must not need: the `tensorflow` and `test` extras.
+EXTRAS = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "keras_hub", "sacrebleu",
+          "sentencepiece", "babel", "matplotlib", "ctranslate2")  # fmt: skip
+CORE_CHECK = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)")
+sys.meta_path.insert(0, Block())
+import numpy as np
+import keras_transformer as kt
+model = kt.Transformer(vocabulary_size=12, num_layers=1, hidden_dim=8, intermediate_dim=8,
+                       num_heads=2)
+model.build(((None, None), (None, None)))
+tokens = kt.greedy_search(model, np.array([[5, 6, 3]]), extra_length=2)
+print(tuple(tokens.shape))
+"""
+
+
+def test_core_imports_with_keras_numpy_and_one_backend():
+    """keras_transformer runs on JAX with every package of the extras unimportable."""
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    result = subprocess.run(
+        [sys.executable, "-c", CORE_CHECK.format(blocked=EXTRAS)],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("(1, 5)")
+
+
+def _setup_lists():
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    return {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+    }
+
+
+def test_core_requirements_are_keras_and_numpy_only():
+    lists = _setup_lists()
+    assert [r.split(">")[0] for r in lists["CORE"]] == ["keras", "numpy"]
+    assert any(r.startswith("tensorflow>=") for r in lists["TENSORFLOW"])
+
+
+def _code_lines(node):
+    """Lines of a function or module, its docstring left out."""
+    lines = node.end_lineno - node.lineno + 1
+    docstring = node.body[0] if node.body and ast.get_docstring(node) is not None else None
+    if docstring is not None:
+        lines -= docstring.end_lineno - docstring.lineno + 1
+    return lines
+
+
+@pytest.mark.parametrize("package", ["keras_transformer", "pipelines"])
+def test_modules_and_functions_stay_small(package):
+    """At most 500 lines a module and 80 a function (docstrings aside)."""
+    too_long = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 500:
+            too_long.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > 80:
+                too_long.append(f"{path.name}: {node.name} has {_code_lines(node)} lines")
+    assert not too_long

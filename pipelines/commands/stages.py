@@ -62,7 +62,8 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
         "export": run_stage(
             "Export a SavedModel for TF Serving",
             "pipelines.export",
-            ["--run-dir", run_dir, "--base", base, "--name", name, *beam],
+            # `nbest` returns every hypothesis of the beam.
+            ["--run-dir", run_dir, "--base", base, "--name", name, *beam, "--nbest", beam[1]],
             env,
         )
     }

@@ -4,7 +4,6 @@ from keras import ops
 
 from keras_transformer.decoding.steps import (
     _ban_special_tokens,
-    _drop_finished,
     _prepare,
     _take,
     length_penalty,
@@ -98,3 +97,12 @@ def greedy_search(
     if not return_scores:
         return tokens
     return tokens, totals / length_penalty(lengths, alpha)
+
+
+def _drop_finished(live, tree):
+    """Keeps the rows of `tree` where `live` `(R,)` is True, if any row ended."""
+
+    def drop():
+        return _take(tree, ops.nonzero(live)[0])
+
+    return ops.cond(ops.all(live), lambda: tree, drop)

@@ -136,15 +136,6 @@ def _prepare(model, source_ids, max_length, extra_length, use_cache, static_shap
     return limits, width, steps, state, sentences, static
 
 
-def _drop_finished(live, tree):
-    """Keeps the rows of `tree` where `live` `(R,)` is True, if any row ended."""
-
-    def drop():
-        return _take(tree, ops.nonzero(live)[0])
-
-    return ops.cond(ops.all(live), lambda: tree, drop)
-
-
 def score_hypotheses(model, source_ids, target_ids, alpha=0.0):
     """Scores given translations under the model, as the decoders score them.
 

@@ -73,16 +73,27 @@ class TransformerBlock(keras.layers.Layer):
         attention.build(query_shape, value_shape)
         return attention
 
-    def _feed_forward_network(self, name, inputs_shape):
-        """A built position-wise `FeedForward` (section 3.3)."""
-        feed_forward = FeedForward(
+    def _build_feed_forward(self, inputs_shape):
+        """The position-wise `FeedForward` (section 3.3), its LayerNorm and dropout, built."""
+        self._feed_forward = FeedForward(
             intermediate_dim=self.intermediate_dim,
             activation=self.activation,
-            name=name,
+            name="feed_forward",
             **self._sublayer_kwargs(),
         )
-        feed_forward.build(inputs_shape)
-        return feed_forward
+        self._feed_forward.build(inputs_shape)
+        self._feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
+        self._feed_forward_dropout = self._dropout("feed_forward_dropout")
+
+    def _feed_forward_sublayer(self, x, training=None):
+        """The last sublayer of encoder and decoder layers, on `(B, T, D)` states."""
+        residual = x
+        x = self._feed_forward_norm(x) if self.normalize_first else x
+        x = self._feed_forward(x, training=training)
+        x = residual + self._feed_forward_dropout(x, training=training)
+        if not self.normalize_first:
+            x = self._feed_forward_norm(x)
+        return x
 
     def _norm(self, name, inputs_shape):
         norm = keras.layers.LayerNormalization(
@@ -142,10 +153,8 @@ class TransformerStack(keras.layers.Layer):
             for index in range(num_layers)
         ]
         first = self.stack_layers[0]
-        self.num_heads = first.num_heads
-        self.normalize_first = first.normalize_first
         self._final_norm = None
-        if self.normalize_first:
+        if first.normalize_first:
             self._final_norm = keras.layers.LayerNormalization(
                 epsilon=first.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
             )

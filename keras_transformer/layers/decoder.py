@@ -66,9 +66,7 @@ class DecoderLayer(TransformerBlock):
         )
         self._cross_attention_norm = self._norm("cross_attention_norm", inputs_shape)
         self._cross_attention_dropout = self._dropout("cross_attention_dropout")
-        self._feed_forward = self._feed_forward_network("feed_forward", inputs_shape)
-        self._feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
-        self._feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self._build_feed_forward(inputs_shape)
 
     def compute_cross_attention_cache(self, encoder_outputs):
         """Projects `(B, S, D)` encoder outputs once into `(keys, values)`, `(B, H, S, K)` each."""
@@ -130,13 +128,7 @@ class DecoderLayer(TransformerBlock):
         x = residual + self._cross_attention_dropout(x, training=training)
         if not self.normalize_first:
             x = self._cross_attention_norm(x)
-        # Feed-forward sublayer.
-        residual = x
-        x = self._feed_forward_norm(x) if self.normalize_first else x
-        x = self._feed_forward(x, training=training)
-        x = residual + self._feed_forward_dropout(x, training=training)
-        if not self.normalize_first:
-            x = self._feed_forward_norm(x)
+        x = self._feed_forward_sublayer(x, training=training)
         results = (x,)
         if return_attention_scores:
             results += (scores,)

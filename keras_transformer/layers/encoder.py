@@ -48,9 +48,7 @@ class EncoderLayer(TransformerBlock):
         self._self_attention = self._attention("self_attention", inputs_shape, inputs_shape)
         self._self_attention_norm = self._norm("self_attention_norm", inputs_shape)
         self._self_attention_dropout = self._dropout("self_attention_dropout")
-        self._feed_forward = self._feed_forward_network("feed_forward", inputs_shape)
-        self._feed_forward_norm = self._norm("feed_forward_norm", inputs_shape)
-        self._feed_forward_dropout = self._dropout("feed_forward_dropout")
+        self._build_feed_forward(inputs_shape)
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None, mask=None):
         padding_mask = mask if padding_mask is None else padding_mask
@@ -68,13 +66,7 @@ class EncoderLayer(TransformerBlock):
         x = residual + self._self_attention_dropout(x, training=training)
         if not self.normalize_first:
             x = self._self_attention_norm(x)
-        # Feed-forward sublayer.
-        residual = x
-        x = self._feed_forward_norm(x) if self.normalize_first else x
-        x = self._feed_forward(x, training=training)
-        x = residual + self._feed_forward_dropout(x, training=training)
-        if not self.normalize_first:
-            x = self._feed_forward_norm(x)
+        x = self._feed_forward_sublayer(x, training=training)
         return x
 
 

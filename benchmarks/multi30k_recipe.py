@@ -54,11 +54,10 @@ def main(argv=None):
             ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run, *overrides],
             env,
         )
-    else:
-        with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
-            seconds["training"] = args.training_seconds or json.load(handle).get("seconds")
     with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
         trained = json.load(handle)
+    if args.skip_training:
+        seconds["training"] = args.training_seconds or trained.get("seconds")
 
     scratch = os.path.join(run, "test_2016_flickr")
     os.makedirs(scratch, exist_ok=True)

@@ -55,15 +55,15 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
         `(seconds, scores)`: dicts keyed by stage, and by "cased" /
         "lowercased" holding `pipelines.evaluation.score` results.
     """
-    beam = ["--beam-size", str(options.get("beam_size", 4))]
-    beam += ["--alpha", str(options.get("alpha", 0.6))]
+    beam_size = str(options.get("beam_size", 4))
+    beam = ["--beam-size", beam_size, "--alpha", str(options.get("alpha", 0.6))]
     base, name = os.path.split(os.path.normpath(export_dir))
     seconds = {
         "export": run_stage(
             "Export a SavedModel for TF Serving",
             "pipelines.export",
             # `nbest` returns every hypothesis of the beam.
-            ["--run-dir", run_dir, "--base", base, "--name", name, *beam, "--nbest", beam[1]],
+            ["--run-dir", run_dir, "--base", base, "--name", name, *beam, "--nbest", beam_size],
             env,
         )
     }

@@ -17,16 +17,18 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def machine():
-    """Where the numbers come from."""
-    import tensorflow as tf
-
-    return {
+    """Where the numbers come from (TensorFlow's version where it is installed)."""
+    stamp = {
         "date": datetime.date.today().isoformat(),
         "cpus": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
-        "tensorflow": tf.__version__,
-        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
     }
+    try:
+        import tensorflow as tf
+    except ImportError:  # the GPU benchmarks run where only JAX is installed
+        return stamp
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    return {**stamp, "tensorflow": tf.__version__, "onednn": onednn}
 
 
 def median(values):

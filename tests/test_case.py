@@ -41,6 +41,29 @@ def to_numpy(x):
     return np.asarray(ops.convert_to_numpy(x))
 
 
+def gradient(function, x):
+    """The gradient of a scalar `function` at the float array `x`, as NumPy, on any backend."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(function)(jax.numpy.asarray(x)))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        variable = tf.Variable(x)
+        with tf.GradientTape() as tape:
+            value = function(variable)
+        return tape.gradient(value, variable).numpy()
+    if backend == "torch":
+        import torch
+
+        tensor = torch.tensor(x, requires_grad=True)
+        function(tensor).backward()
+        return tensor.grad.numpy()
+    raise NotImplementedError(f"no gradient helper for the {backend} backend")
+
+
 def _symbolic_inputs(input_data):
     return {
         name: keras.Input(

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from keras_transformer import LabelSmoothedCrossEntropy, MaskedAccuracy
-from tests.test_case import to_numpy
+from tests.test_case import gradient, to_numpy
 
 LABELS = np.array([[1, 2, 0], [3, 0, 0]])
 LOGITS = np.random.default_rng(0).normal(size=(2, 3, 4)).astype("float32")
@@ -30,6 +30,20 @@ def test_equals_hand_computation(epsilon):
     np.testing.assert_allclose(
         float(loss(LABELS, LOGITS)), hand_computed(LABELS, LOGITS, epsilon), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_gradient_is_softmax_minus_smoothed_target(epsilon):
+    # d loss / d z = (softmax(z) - q) / tokens at real positions, 0 at pads.
+    loss = LabelSmoothedCrossEntropy(label_smoothing=epsilon, pad_id=0)
+    z = LOGITS.astype("float64")
+    q = np.full(z.shape, epsilon / z.shape[-1])
+    q += (1.0 - epsilon) * np.eye(z.shape[-1])[LABELS]
+    real = (LABELS != 0)[..., None]
+    softmax = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    expected = np.where(real, softmax - q, 0.0) / real.sum()
+    computed = gradient(lambda logits: loss(LABELS, logits), LOGITS)
+    np.testing.assert_allclose(computed, expected, atol=1e-6)
 
 
 def test_without_smoothing_equals_keras_cross_entropy_on_real_tokens():

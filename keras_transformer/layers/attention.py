@@ -46,15 +46,19 @@ def _dense_rows(dense, rows):
     return outputs
 
 
-def _project_heads(dense, inputs):
-    """`(B, T, D)` inputs -> `(B, H, T, K)` projections, heads first, the layout
-    attention multiplies in."""
+def _project(dense, inputs):
+    """`(B, T, D)` inputs -> `(B, T, H, K)` projections by an `EinsumDense`."""
     _, num_heads, head_dim = dense.kernel.shape
 
     def project(rows):  # (B * T, D) -> (B * T, H, K)
         return ops.reshape(_dense_rows(dense, rows), (-1, num_heads, head_dim))
 
-    return ops.transpose(apply_to_rows(project, inputs), (0, 2, 1, 3))
+    return apply_to_rows(project, inputs)
+
+
+def _heads_first(states):
+    """`(B, T, H, K)` -> `(B, H, T, K)`, the layout the cache and `_attend` use."""
+    return ops.transpose(states, (0, 2, 1, 3))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -204,7 +208,8 @@ class MultiHeadAttention(keras.layers.Layer):
             `cache`.
         """
         key = value if key is None else key
-        return _project_heads(self._key_dense, key), _project_heads(self._value_dense, value)
+        keys, values = _project(self._key_dense, key), _project(self._value_dense, value)
+        return _heads_first(keys), _heads_first(values)
 
     def call(
         self,
@@ -228,11 +233,20 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"cache), not both. Received: cache_update_index={cache_update_index}"
             )
         key = value if key is None else key
-        query_states = _project_heads(self._query_dense, query)  # (B, H, T, K)
+        # Full-sequence attention without probabilities to return runs as one
+        # fused kernel on (B, T, H, K) states; cached decoding and attention
+        # maps attend step by step on (B, H, T, K) states.
+        fused = cache is None and not return_attention_scores and self._fusable(training)
+        query_states = _project(self._query_dense, query)  # (B, T, H, K)
+        read_only_cache = cache is not None and not grow_cache and cache_update_index is None
+        if not read_only_cache:
+            key_states = _project(self._key_dense, key)  # (B, S, H, K)
+            value_states = _project(self._value_dense, value)
+            if not fused:
+                key_states, value_states = _heads_first(key_states), _heads_first(value_states)
+        if not fused:
+            query_states = _heads_first(query_states)  # (B, H, T, K)
         start_index = 0
-        if cache is None or grow_cache or cache_update_index is not None:
-            key_states = _project_heads(self._key_dense, key)  # (B, H, T, K)
-            value_states = _project_heads(self._value_dense, value)  # (B, H, T, K)
         if cache is not None:
             key_mask = value_mask = None
             cached_keys, cached_values = cache
@@ -251,19 +265,28 @@ class MultiHeadAttention(keras.layers.Layer):
         key_padding = key_mask if key_mask is not None else value_mask
         causal = None
         if use_causal_mask:
-            causal = masks.causal_mask(
-                ops.shape(query_states)[2], ops.shape(key_states)[2], start_index
-            )
+            query_length = ops.shape(query)[1]
+            key_length = ops.shape(key)[1] if cache is None else ops.shape(key_states)[2]
+            causal = masks.causal_mask(query_length, key_length, start_index)
         mask = masks.merge_attention_masks(
             query_mask=query_mask,
             key_mask=key_padding,
             attention_mask=attention_mask,
             causal=causal,
         )
-        outputs, probabilities = self._attend(
-            query_states, key_states, value_states, mask, training
-        )
-        outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
+        if fused:
+            outputs = ops.dot_product_attention(
+                query_states,
+                key_states,
+                value_states,
+                mask=None if mask is None else ops.expand_dims(mask, 1),  # (B, 1, T, S)
+                scale=1.0 / math.sqrt(self.key_dim),
+            )  # (B, T, H, K)
+        else:
+            outputs, probabilities = self._attend(
+                query_states, key_states, value_states, mask, training
+            )
+            outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
         outputs = apply_to_rows(
             lambda rows: _dense_rows(self._output_dense, rows), outputs, feature_axes=2
         )  # (B, T, D)
@@ -274,6 +297,19 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results.append(cache)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _fusable(self, training):
+        """Whether `ops.dot_product_attention` can compute this call's attention.
+
+        The fused kernel (cuDNN's flash attention under JAX on a GPU, memory
+        linear in the length) has no dropout on the probabilities, needs
+        values of the keys' size, and would compute float16 logits, which
+        overflow past 65504; otherwise `_attend` computes attention step by
+        step.
+        """
+        same_sizes = self.value_dim in (None, self.key_dim)
+        no_dropout = not training or self.dropout == 0
+        return same_sizes and no_dropout and self.compute_dtype != "float16"
 
     def _attend(self, query_states, key_states, value_states, mask, training):
         if self.compute_dtype == "float16":

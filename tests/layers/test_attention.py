@@ -64,6 +64,48 @@ def test_matches_numpy_with_mask(data):
     np.testing.assert_allclose(outputs, numpy_attention(layer, query, value, mask), atol=1e-5)
 
 
+@pytest.mark.parametrize("masking", ["none", "padding", "causal", "explicit"])
+def test_fused_kernel_equals_step_by_step_attention(data, masking):
+    # Asking for the probabilities makes the layer attend step by step; without
+    # them it calls the fused kernel. Both must compute the same function,
+    # padded queries (fully masked rows) included.
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, bias_initializer="random_normal")
+    kwargs = {}
+    if masking == "padding":
+        kwargs = {"query_mask": np.arange(T) < [[3], [2]], "value_mask": np.arange(S) < [[5], [1]]}
+    elif masking == "explicit":
+        kwargs = {"attention_mask": np.random.default_rng(2).random((B, T, S)) > 0.5}
+    elif masking == "causal":
+        value, kwargs = query, {"use_causal_mask": True, "query_mask": np.arange(T) < [[3], [4]]}
+    fused = to_numpy(layer(query, value, **kwargs))
+    step_by_step, _ = layer(query, value, return_attention_scores=True, **kwargs)
+    np.testing.assert_allclose(fused, to_numpy(step_by_step), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "init_kwargs, call_kwargs, expected",
+    [
+        ({}, {"training": True}, True),
+        ({"dropout": 0.1}, {"training": False}, True),
+        ({"dropout": 0.1}, {"training": True}, False),
+        ({}, {"return_attention_scores": True}, False),
+        ({"value_dim": 3}, {}, False),
+    ],
+)
+def test_fused_kernel_is_used_where_it_computes_the_same(
+    data, monkeypatch, init_kwargs, call_kwargs, expected
+):
+    calls = []
+    fused = ops.dot_product_attention
+    monkeypatch.setattr(
+        ops, "dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
+    )
+    query, value = data
+    MultiHeadAttention(num_heads=H, key_dim=4, **init_kwargs)(query, value, **call_kwargs)
+    assert bool(calls) == expected
+
+
 def test_attention_scores_are_probabilities(data):
     query, value = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4)

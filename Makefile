@@ -1,6 +1,6 @@
 # One entry point for users and CI: `make test` builds .venv, installs the
-# package with its test extra, lints, and runs the suite under the TensorFlow
-# and the JAX backends.
+# package with its test extra, lints, and runs the suite under the TensorFlow,
+# JAX and PyTorch backends.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
@@ -37,7 +37,9 @@ lint: install
 test: lint
 	KERAS_BACKEND=tensorflow $(PYTEST) tests
 	KERAS_BACKEND=jax $(PYTEST) $(AGNOSTIC_TESTS)
+	KERAS_BACKEND=torch $(PYTEST) $(AGNOSTIC_TESTS)
 
 # pytest exits 5 when no test carries the marker; that is not a failure.
 test-slow: install
 	KERAS_BACKEND=tensorflow $(PYTEST) -m slow tests || [ $$? -eq 5 ]
+	KERAS_BACKEND=torch $(PYTEST) -m slow $(AGNOSTIC_TESTS) || [ $$? -eq 5 ]

@@ -51,6 +51,8 @@ setup(
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "jax[cpu]>=0.4.30",
+            # The third Keras backend; pip takes a local CPU build where one is found.
+            "torch>=2.4",
             "ctranslate2>=4.5,<5",
         ],
     },

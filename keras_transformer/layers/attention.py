@@ -31,6 +31,18 @@ def _write_steps(cache, steps, index):
     return ops.where(covered, written, cache)
 
 
+def _update_cache(cache, key_states, value_states, index, grow):
+    """The `(keys, values)` cache, `(B, H, S, K)` each, with `(B, H, T, K)` steps
+    appended (`grow`) or written at `index` of a fixed-size cache."""
+    cached_keys, cached_values = cache
+    if grow:
+        keys = ops.concatenate([cached_keys, key_states], axis=2)
+        return keys, ops.concatenate([cached_values, value_states], axis=2)
+    return _write_steps(cached_keys, key_states, index), _write_steps(
+        cached_values, value_states, index
+    )
+
+
 def _dense_rows(dense, rows):
     """`rows @ kernel + bias` of an `EinsumDense`, as one 2-D matrix product.
 
@@ -246,21 +258,13 @@ class MultiHeadAttention(keras.layers.Layer):
                 key_states, value_states = _heads_first(key_states), _heads_first(value_states)
         if not fused:
             query_states = _heads_first(query_states)  # (B, H, T, K)
-        start_index = 0
+        start_index = 0 if cache is None or cache_update_index is None else cache_update_index
         if cache is not None:
             key_mask = value_mask = None
-            cached_keys, cached_values = cache
-            if grow_cache:
-                start_index = ops.shape(cached_keys)[2]
-                key_states = ops.concatenate([cached_keys, key_states], axis=2)  # (B, H, S, K)
-                value_states = ops.concatenate([cached_values, value_states], axis=2)
-            elif cache_update_index is not None:
-                start_index = cache_update_index
-                key_states = _write_steps(cached_keys, key_states, start_index)  # (B, H, S, K)
-                value_states = _write_steps(cached_values, value_states, start_index)
-            else:
-                key_states, value_states = cached_keys, cached_values  # (B, H, S, K)
-            cache = (key_states, value_states)
+            start_index = ops.shape(cache[0])[2] if grow_cache else start_index
+            if not read_only_cache:
+                cache = _update_cache(cache, key_states, value_states, start_index, grow_cache)
+            key_states, value_states = cache  # (B, H, S, K)
 
         key_padding = key_mask if key_mask is not None else value_mask
         causal = None

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 
 from keras_transformer import (
     LabelSmoothedCrossEntropy,
@@ -33,6 +34,14 @@ def reversal_examples(count, seed):
     return (source, target[:, :-1]), target[:, 1:]
 
 
+# Keras trains eagerly under PyTorch (minutes for this fit): there it runs
+# with the slow checks (make test-slow).
+slow_under_torch = (
+    pytest.mark.slow if keras.backend.backend() == "torch" else pytest.mark.usefixtures()
+)
+
+
+@slow_under_torch
 def test_fit_learns_to_reverse_unseen_sequences():
     (source, target_in), target_out = reversal_examples(4096, seed=0)
     (test_source, _), test_out = reversal_examples(64, seed=1)

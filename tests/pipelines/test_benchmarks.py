@@ -1,6 +1,9 @@
 """Benchmark smoke runs: a few steps each, checking the JSON they write, not the timings."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from benchmarks import (
     beam_stop_rule,
     decoding,
     decoding_profile,
+    gpu_training,
     multi30k_recipe,
     pipeline_efficiency,
     request_size,
@@ -162,3 +166,42 @@ def test_request_size_smoke(tiny_run, tmp_path):
     assert result["results"]["requests_of_4"]["requests"] == 4
     for entry in result["results"].values():
         assert entry["peak_rss_mib"] >= entry["rss_after_loading_mib"] > 0
+
+
+def test_gpu_training_says_why_it_cannot_run_without_a_gpu(tmp_path):
+    output = tmp_path / "gpu.json"
+    script = os.path.join(os.path.dirname(gpu_training.__file__), "gpu_training.py")
+    for backend, reason in (("tensorflow", "needs KERAS_BACKEND=jax"), ("jax", "needs a GPU")):
+        environment = {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu"}
+        run = subprocess.run(
+            [sys.executable, script, "--output", str(output)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == 2 and reason in run.stderr, run.stderr
+    assert not output.exists()
+
+
+def test_gpu_training_batches_look_like_the_pipelines():
+    source, target_in, target_out = gpu_training.synthetic_batch(0, 256, 64, 37000)
+    assert source.shape == target_in.shape == target_out.shape == (256, 64)
+    lengths = np.sum(target_in != 0, axis=1)
+    assert np.all(target_in[:, 0] == 2)  # begins with bos
+    assert np.all(target_out[np.arange(256), lengths - 1] == 3)  # ends with eos
+    assert np.array_equal(
+        target_out[:, :-1][target_out[:, :-1] != 3], target_in[:, 1:][target_out[:, :-1] != 3]
+    )
+    assert np.all(np.sum(source != 0, axis=1) >= 32) and 0.7 < np.mean(source != 0) < 0.8
+    assert source[source != 0].min() >= 4 and source.max() < 37000
+
+
+def test_gpu_profile_kinds_name_the_kernels_that_matter():
+    assert gpu_training.kernel_kind("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT") == "matrix products"
+    assert gpu_training.kernel_kind("gemm_fusion_dot_80") == "matrix products"
+    assert gpu_training.kernel_kind("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == (
+        "attention (cuDNN)"
+    )
+    assert gpu_training.kernel_kind("input_reduce_fusion_111") == "reductions"
+    assert gpu_training.kernel_kind("loop_add_fusion_11") == "element-wise fusions"

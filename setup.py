@@ -51,7 +51,7 @@ setup(
             "pytest-xdist>=3.5",
             "ruff>=0.6",
             "jax[cpu]>=0.4.30",
-            # The third Keras backend; pip takes a local CPU build where one is found.
+            # The third Keras backend the layer tests run under (CPU is enough).
             "torch>=2.4",
             "ctranslate2>=4.5,<5",
         ],

@@ -12,10 +12,24 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     of the step. `step` counts from 1 as in the paper: the optimizer's
     iteration counter `i` (which starts at 0) is step `i + 1`.
 
+    With `cooldown > 0` the rate is also multiplied by
+    `min(1, (total_steps - i) / (cooldown * total_steps))`: it falls linearly
+    to 0 over the last `cooldown` fraction of `total_steps` updates and is 0
+    once `total_steps` updates are done (inverse square root with a cooldown,
+    Zhai et al., 2022). A run that learns its length only while training (a
+    time budget) calls `set_total_steps`; until then, or with `total_steps`
+    of 0, there is no cooldown. `total_steps` lives in a variable, so setting
+    it reaches a TensorFlow train function already traced; a JAX train
+    function reads the value it was traced with.
+
     Args:
         d_model: int, model size.
         warmup_steps: int, warm-up length (4000 in the paper).
         scale: float, multiplier on the whole schedule (1.0 in the paper).
+        total_steps: int or None, the updates of the whole run (with
+            `cooldown`).
+        cooldown: float in [0, 1], the fraction of `total_steps` over which
+            the rate falls to 0. 0 (the paper) keeps eq. (3) unchanged.
 
     Call arguments:
         step: int scalar, the optimizer's iteration counter (from 0).
@@ -27,41 +41,92 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     >>> schedule = TransformerSchedule(d_model=512)
     >>> round(float(schedule(3999)), 6)
     0.000699
+    >>> cooled = TransformerSchedule(512, total_steps=10000, cooldown=0.2)
+    >>> float(cooled(10000)), round(float(cooled(9000) / schedule(9000)), 6)
+    (0.0, 0.5)
 
     References:
         Vaswani et al., 2017, section 5.3 and eq. (3).
+        Zhai et al., 2022, "Scaling Vision Transformers", section 3.5.
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None, cooldown=0.0):
         if d_model <= 0:
             raise ValueError(f"d_model must be positive. Received: d_model={d_model}")
         if warmup_steps <= 0:
             raise ValueError(
                 f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}"
             )
+        if not 0.0 <= cooldown <= 1.0:
+            raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={cooldown}")
+        if total_steps is not None and total_steps < 0:
+            raise ValueError(
+                f"total_steps must be positive or 0. Received: total_steps={total_steps}"
+            )
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
+        self.cooldown = cooldown
+        self._total_steps = None
+        if cooldown > 0:
+            self._total_steps = keras.Variable(
+                float(total_steps or 0), dtype="float32", trainable=False, name="total_steps"
+            )
+
+    @property
+    def total_steps(self):
+        """int or None: the run's length in updates, where a cooldown uses one."""
+        if self._total_steps is None:
+            return None
+        return int(keras.ops.convert_to_numpy(self._total_steps))
+
+    def set_total_steps(self, total_steps):
+        """Sets the run's length in updates; the cooldown ends there.
+
+        Raises:
+            ValueError: the schedule has no cooldown, or `total_steps` < 0.
+        """
+        if self._total_steps is None:
+            raise ValueError("set_total_steps needs a schedule with cooldown > 0")
+        if total_steps < 0:
+            raise ValueError(
+                f"total_steps must be positive or 0. Received: total_steps={total_steps}"
+            )
+        self._total_steps.assign(float(total_steps))
 
     def __call__(self, step):
-        step = ops.cast(step, "float32") + 1.0
-        return (
+        iteration = ops.cast(step, "float32")
+        step = iteration + 1.0
+        rate = (
             self.scale
             * self.d_model**-0.5
             * ops.minimum(ops.rsqrt(step), step * self.warmup_steps**-1.5)
         )
+        if self._total_steps is None:
+            return rate
+        total = ops.convert_to_tensor(self._total_steps)
+        remaining = (total - iteration) / ops.maximum(self.cooldown * total, 1.0)
+        return ops.where(total > 0, rate * ops.clip(remaining, 0.0, 1.0), rate)
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+        return {
+            "d_model": self.d_model,
+            "warmup_steps": self.warmup_steps,
+            "scale": self.scale,
+            "total_steps": self.total_steps,
+            "cooldown": self.cooldown,
+        }
 
 
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, schedule=None, **kwargs):
     """Adam with beta_1=0.9, beta_2=0.98, epsilon=1e-9 on `TransformerSchedule`.
 
     Args:
         d_model: int, model size.
         warmup_steps: int, warm-up steps of the schedule.
         scale: float, multiplier on the schedule.
+        schedule: a `TransformerSchedule` (with a cooldown, say) used instead
+            of the one the three arguments above describe.
         **kwargs: further `keras.optimizers.Adam` arguments (e.g. `clipnorm`).
 
     Returns:
@@ -71,6 +136,5 @@ def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
         Vaswani et al., 2017, section 5.3.
     """
     options = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
-    return keras.optimizers.Adam(
-        learning_rate=TransformerSchedule(d_model, warmup_steps, scale), **options
-    )
+    schedule = schedule or TransformerSchedule(d_model, warmup_steps, scale)
+    return keras.optimizers.Adam(learning_rate=schedule, **options)

@@ -42,3 +42,28 @@ def test_optimizer_uses_the_paper_adam_settings():
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="warmup_steps=0"):
         TransformerSchedule(d_model=8, warmup_steps=0)
+
+
+@pytest.mark.parametrize("iteration", [0, 399, 799, 800, 900, 999, 1000, 1200])
+def test_cooldown_falls_linearly_to_zero_at_total_steps(iteration):
+    schedule = TransformerSchedule(64, warmup_steps=100, total_steps=1000, cooldown=0.2)
+    # The last 200 of 1000 updates scale eq. (3) by (1000 - i) / 200, down to 0.
+    factor = min(1.0, max(0.0, (1000 - iteration) / 200))
+    np.testing.assert_allclose(
+        float(schedule(iteration)), factor * eq_3(iteration + 1, 64, 100), rtol=1e-5, atol=1e-12
+    )
+
+
+def test_total_steps_set_later_moves_the_cooldown():
+    schedule = TransformerSchedule(64, warmup_steps=100, cooldown=0.5)
+    plain = TransformerSchedule(64, warmup_steps=100)
+    assert schedule.total_steps == 0 and float(schedule(900)) == float(plain(900))
+    schedule.set_total_steps(1000)
+    assert schedule.total_steps == 1000 and float(schedule(1000)) == 0.0
+    np.testing.assert_allclose(float(schedule(750)), 0.5 * float(plain(750)), rtol=1e-6)
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert revived.get_config() == schedule.get_config() and revived.total_steps == 1000
+    with pytest.raises(ValueError, match="cooldown > 0"):
+        plain.set_total_steps(10)
+    with pytest.raises(ValueError, match="cooldown=1.5"):
+        TransformerSchedule(64, cooldown=1.5)

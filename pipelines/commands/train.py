@@ -7,6 +7,7 @@ Examples:
     python -m pipelines.train --recipe base --corpus files \
         --train-files train.en train.de --validation-files dev.en dev.de
     python -m pipelines.train --config my_run.json --set model.dropout=0.2
+    python -m pipelines.train --max-minutes 30 --cooldown 0.3
 
 Outputs under `--output-dir`: config.json, sentencepiece.model, checkpoints/
 (one `.keras` per epoch), backup/ (BackupAndRestore: rerunning the same
@@ -58,7 +59,12 @@ def parse_args(argv):
     parser.add_argument("--early-stopping-patience", type=int)
     parser.add_argument("--average-last", type=int, help="average the last N epoch checkpoints")
     parser.add_argument(
-        "--max-minutes", type=float, help="stop after the last epoch that fits in this time"
+        "--max-minutes",
+        type=float,
+        help="a wall-clock budget: the run is planned to end inside it (--steps is then a cap)",
+    )
+    parser.add_argument(
+        "--cooldown", type=float, help="fraction of the run over which the rate falls to 0"
     )
     parser.add_argument("--seed", type=int)
     parser.add_argument(
@@ -72,9 +78,10 @@ def parse_args(argv):
 
 
 def _overrides(args):
+    """`(flags, settings)` for `load_config`: flags given, and the `--set` values."""
     skip = {"recipe", "config", "set"}
-    overrides = {k: v for k, v in vars(args).items() if k not in skip}
-    model = {}
+    flags = {k: v for k, v in vars(args).items() if k not in skip}
+    settings, model = {}, {}
     for item in args.set:
         key, sep, raw = item.partition("=")
         if not sep:
@@ -86,14 +93,14 @@ def _overrides(args):
         if key.startswith("model."):
             model[key[len("model.") :]] = value
         else:
-            overrides[key] = value
+            settings[key] = value
     if model:
-        overrides["model"] = model
-    return overrides
+        settings["model"] = model
+    return flags, settings
 
 
 def _train(args):
-    config = load_config(args.recipe, args.config, _overrides(args))
+    config = load_config(args.recipe, args.config, *_overrides(args))
     from pipelines.training.run import run_training  # imports TensorFlow: after validation
 
     print(json.dumps(run_training(config), indent=2))

@@ -43,11 +43,14 @@ class TrainConfig:
     # size argument in `model`.
     preset: str | None = "transformer_small"
     model: dict = dataclasses.field(default_factory=dict)
-    # Optimization.
-    steps: int = 10000
+    # Optimization. `steps` may be None with `max_minutes`: as many as fit.
+    steps: int | None = 10000
     steps_per_epoch: int = 1000
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0
+    # The fraction of the run over which the rate falls linearly to 0
+    # (`TransformerSchedule`); 0 keeps eq. (3).
+    cooldown: float = 0.0
     label_smoothing: float = 0.1
     accumulation_steps: int = 1
     mixed_precision: str | None = None  # "mixed_bfloat16" or "mixed_float16"
@@ -56,7 +59,10 @@ class TrainConfig:
     output_dir: str = "runs/default"
     backup_every: int = 100
     early_stopping_patience: int | None = None
-    max_minutes: float | None = None  # stop after the last epoch that fits
+    # A wall-clock budget that sets the run's length (`TimeBudget`), keeping
+    # `reserve_minutes` of it for averaging and evaluation.
+    max_minutes: float | None = None
+    reserve_minutes: float = 2.0
     average_last: int = 1
     seed: int = 0
 
@@ -75,8 +81,9 @@ class TrainConfig:
             raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
         if self.corpus == "tfds" and not self.tfds_name:
             raise ConfigError("corpus 'tfds' needs tfds_name (--tfds NAME)")
+        if self.steps is None and not self.max_minutes:
+            raise ConfigError("steps may be left out (null) only with max_minutes")
         for name in (
-            "steps",
             "steps_per_epoch",
             "batch_tokens",
             "max_length",
@@ -86,8 +93,15 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name} must be positive. Received: {name}={getattr(self, name)}"
                 )
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ConfigError(f"max_minutes must be positive. Received: {self.max_minutes}")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError(f"steps must be positive. Received: steps={self.steps}")
+        if self.max_minutes is not None and self.max_minutes <= self.reserve_minutes:
+            raise ConfigError(
+                f"max_minutes must be more than reserve_minutes ({self.reserve_minutes}). "
+                f"Received: max_minutes={self.max_minutes}"
+            )
+        if not 0.0 <= self.cooldown <= 1.0:
+            raise ConfigError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
         if self.batch_tokens < self.max_length:
             raise ConfigError(
                 f"batch_tokens ({self.batch_tokens}) must be at least "
@@ -119,14 +133,16 @@ def _merge(config, values, origin):
     return config
 
 
-def load_config(recipe="default", config_file=None, overrides=None):
+def load_config(recipe="default", config_file=None, overrides=None, settings=None):
     """Builds a `TrainConfig` from a recipe, a JSON file and flag overrides.
 
     Args:
         recipe: str, a name in `RECIPES`.
         config_file: str or None, a JSON object of `TrainConfig` fields.
-        overrides: dict or None, fields set last (from flags); None values are
-            ignored.
+        overrides: dict or None, fields set from flags; None values are
+            ignored (a flag not given).
+        settings: dict or None, fields set last (`--set KEY=VALUE`); a None
+            value sets the field to None (`--set steps=null`).
 
     Returns:
         a validated `TrainConfig`.
@@ -144,7 +160,8 @@ def load_config(recipe="default", config_file=None, overrides=None):
             raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
         config = _merge(config, values, config_file)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return _merge(config, overrides, "flags").validate()
+    config = _merge(config, overrides, "flags")
+    return _merge(config, settings or {}, "--set").validate()
 
 
 def add_run_arguments(parser):

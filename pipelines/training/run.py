@@ -19,6 +19,9 @@ from pipelines.training.trainer import TimeBudget, Trainer
 
 logger = logging.getLogger(__name__)
 
+# The step limit of a run that only a time budget ends.
+UNLIMITED_STEPS = 10**9
+
 
 @functools.cache
 def make_strategy():
@@ -74,7 +77,7 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
-def _callbacks(config, out_dir, is_chief, started):
+def _callbacks(config, out_dir, is_chief, started, schedule):
     backup_dir = os.path.join(out_dir, "backup")
     if os.path.isdir(backup_dir):
         repair_backup(backup_dir)
@@ -92,7 +95,15 @@ def _callbacks(config, out_dir, is_chief, started):
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
     if config.max_minutes:
-        callbacks.append(TimeBudget(config.max_minutes, started))
+        budget = TimeBudget(
+            config.max_minutes,
+            started,
+            config.reserve_minutes,
+            schedule if config.cooldown else None,
+            max_steps=config.steps,
+            plan_path=os.path.join(out_dir, "budget.json"),
+        )
+        callbacks.append(budget)
     if config.early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(
@@ -176,9 +187,16 @@ def run_training(config):
     with strategy.scope():
         model = kt.Transformer(**config.model_arguments(tokenizer.vocabulary_size(spm_path)))
         model.build(((None, None), (None, None)))
-        optimizer = kt.transformer_optimizer(
-            model.hidden_dim, config.warmup_steps, config.learning_rate_scale
+        # With a time budget the run's length is known only once steps are
+        # timed: `TimeBudget` sets the schedule's total then.
+        schedule = kt.TransformerSchedule(
+            model.hidden_dim,
+            config.warmup_steps,
+            config.learning_rate_scale,
+            total_steps=None if config.max_minutes else config.steps,
+            cooldown=config.cooldown,
         )
+        optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule)
         if config.mixed_precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     logger.info("Model: %s parameters", f"{model.count_params():,}")
@@ -192,9 +210,9 @@ def run_training(config):
     )
     history = trainer.fit(
         train_data,
-        steps=config.steps,
+        steps=config.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.steps_per_epoch,
-        callbacks=_callbacks(config, out_dir, worker == 0, started),
+        callbacks=_callbacks(config, out_dir, worker == 0, started, schedule),
         validation_data=validation_data,
         verbose=1 if worker == 0 else 0,
     )
@@ -212,8 +230,10 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         model = average_checkpoints(chosen, model_path)
     else:
         model.save(model_path)
+    rate = trainer.optimizer.learning_rate  # the rate the next update would use
     result = {
         "steps": int(trainer.optimizer.iterations.numpy()),
+        "final_learning_rate": float(keras.ops.convert_to_numpy(rate)),
         "resumed_at_step": trainer.initial_step,
         "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},
         "model": model_path,

@@ -17,8 +17,11 @@ gradients to replica-local variables, then one function that all-reduces and
 applies: no collective ever sits inside a conditional.
 """
 
+import json
 import logging
 import math
+import os
+import statistics
 import time
 
 import keras
@@ -193,6 +196,24 @@ class Trainer:
     def _learning_rate(self):
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
+    def _distribute(self, dataset, skip):
+        """The distributed dataset, `skip` batches (per replica) into its stream.
+
+        A resumed run reads on from the batch where the interrupted one
+        stopped rather than starting its shuffled pass anew: the input is
+        deterministic for a given seed, so skipping what the restored steps
+        consumed yields the batches an uninterrupted run would read next.
+        Skipping still builds the skipped batches (tf.data cannot seek into a
+        shuffle), which takes seconds for Multi30k-sized epochs.
+        """
+        if skip:
+            logger.info("Skipping the %d batches the restored steps read", skip)
+        if callable(dataset):
+            return self.strategy.distribute_datasets_from_function(
+                lambda context: dataset(context).skip(skip)
+            )
+        return self.strategy.experimental_distribute_dataset(dataset.skip(skip))
+
     def fit(
         self,
         dataset,
@@ -210,7 +231,10 @@ class Trainer:
                 repeated (it is read `steps * accumulation_steps` times at
                 most), split across replicas; or a function of a
                 `tf.distribute.InputContext` returning each replica's dataset
-                (`strategy.distribute_datasets_from_function`).
+                (`strategy.distribute_datasets_from_function`). A run
+                resumed at step n skips the first `n * accumulation_steps`
+                batches, so the input must give the same batches each time
+                it is built (a seeded shuffle does).
             steps: int, total optimizer steps, restored ones included.
             steps_per_epoch: int, steps between epoch-end callbacks (validation,
                 checkpoints). Defaults to `steps`.
@@ -235,17 +259,13 @@ class Trainer:
             steps=steps_per_epoch,
             model=self.model,
         )
-        if callable(dataset):
-            distributed = self.strategy.distribute_datasets_from_function(dataset)
-        else:
-            distributed = self.strategy.experimental_distribute_dataset(dataset)
-        iterator = iter(distributed)
         self.model.stop_training = False
         callbacks.on_train_begin()
         step = int(self.optimizer.iterations.numpy())  # > 0 after BackupAndRestore
         self.initial_step = step
         if step:
             logger.info("Resuming at step %d of %d", step, steps)
+        iterator = iter(self._distribute(dataset, skip=step * self.accumulation_steps))
         logs = {}
         for epoch in range(step // steps_per_epoch, epochs):
             callbacks.on_epoch_begin(epoch)
@@ -276,36 +296,91 @@ class Trainer:
 
 
 class TimeBudget(keras.callbacks.Callback):
-    """Stops training after the last epoch that fits in a wall-clock budget.
+    """Fits a run to a wall-clock budget: sets its length and ends it there.
 
-    At the end of each epoch, training stops when another epoch as long as the
-    one just finished would end past the budget; the epoch's checkpoint is
-    still written (stopping happens after the other callbacks' `on_epoch_end`).
+    At the end of every epoch the callback measures how long an epoch takes
+    (training, validation and checkpoints; the median of the last three,
+    leaving out the first, which includes tracing),
+    counts the epochs that still fit before `minutes` minus `reserve_minutes`
+    (kept for averaging and evaluation after training), and plans the run to
+    end after them: it sets the schedule's `total_steps`, so a cooldown ends
+    at the end of the budget, and stops training when the plan is done. Once
+    the cooldown has begun the plan can only shrink (the rate never rises
+    again); a plan that shrinks lowers the rate at once and still ends at 0.
+    The plan is written to `plan_path`, and a resumed run keeps it.
 
     Args:
         minutes: float, the budget, counted from `started`.
-        started: float or None, a `time.perf_counter()` reading; defaults to
+        started: float or None, a `self.clock()` reading; defaults to
             when training begins.
+        reserve_minutes: float, part of the budget kept for after training.
+        schedule: a `TransformerSchedule` with `cooldown > 0`, or None to
+            only stop.
+        max_steps: int or None, the longest plan allowed.
+        plan_path: str or None, a JSON file for the plan.
+        clock: function returning seconds, `time.perf_counter` by default.
     """
 
-    def __init__(self, minutes, started=None):
+    def __init__(self, minutes, started=None, reserve_minutes=0.0, schedule=None,
+                 max_steps=None, plan_path=None, clock=time.perf_counter):  # fmt: skip
         super().__init__()
         self.seconds = 60.0 * minutes
+        self.reserve = 60.0 * reserve_minutes
         self.started = started
+        self.schedule = schedule
+        self.max_steps = max_steps
+        self.plan_path = plan_path
+        self.total_steps = None
         self.stopped_epoch = None
+        self.clock = clock
+        self._durations = []
+
+    def _step(self):
+        return int(self.model.optimizer.iterations.numpy())
+
+    def _cooling(self):
+        cooldown = self.schedule.cooldown if self.schedule is not None else 0.0
+        return self.total_steps is not None and self._step() >= (1 - cooldown) * self.total_steps
 
     def on_train_begin(self, logs=None):
         if self.started is None:
-            self.started = time.perf_counter()
+            self.started = self.clock()
+        self._last = self.clock()
+        if self.plan_path and self._step() > 0 and os.path.exists(self.plan_path):
+            with open(self.plan_path, encoding="utf-8") as handle:
+                self._set_plan(json.load(handle)["total_steps"])
+            logger.info("Resuming the time budget's plan of %d steps", self.total_steps)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_started = time.perf_counter()
+    def _set_plan(self, total_steps):
+        self.total_steps = total_steps
+        if self.schedule is not None:
+            self.schedule.set_total_steps(total_steps)
 
     def on_epoch_end(self, epoch, logs=None):
-        now = time.perf_counter()
-        if now - self.started + (now - self._epoch_started) > self.seconds:
+        now = self.clock()
+        self._durations.append(now - self._last)
+        self._last = now
+        step = self._step()
+        steps_per_epoch = self.params["steps"]
+        # The first epoch also traced the train function: left out once others exist.
+        epoch_seconds = statistics.median(self._durations[1:][-3:] or self._durations)
+        left = self.seconds - self.reserve - (now - self.started)
+        planned = step + max(int(left // epoch_seconds), 0) * steps_per_epoch
+        if self.max_steps:
+            planned = min(planned, self.max_steps)
+        if self.total_steps is None or not self._cooling() or planned < self.total_steps:
+            if planned != self.total_steps:
+                logger.info(
+                    "Time budget: %d steps in all (%d more; epochs of %.0f s, %.1f minutes left)",
+                    planned, planned - step, epoch_seconds, left / 60,
+                )  # fmt: skip
+            self._set_plan(planned)
+            if self.plan_path:
+                with open(self.plan_path, "w", encoding="utf-8") as handle:
+                    json.dump({"total_steps": planned, "epoch_seconds": epoch_seconds}, handle)
+        if step >= self.total_steps:
             logger.info(
-                "Time budget of %.1f minutes: stopping after epoch %d", self.seconds / 60, epoch + 1
+                "Time budget of %.1f minutes: done after epoch %d", self.seconds / 60, epoch + 1
             )
             self.stopped_epoch = epoch
             self.model.stop_training = True

@@ -1,3 +1,4 @@
+import json
 import time
 
 import keras
@@ -133,13 +134,21 @@ def test_adam_steps_and_callbacks_progress():
         Trainer(model, optimizer, strategy, accumulation_steps=0)
 
 
+def tiny_model_and_optimizer(strategy, optimizer=None, seed=3):
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = kt.Transformer(
+            30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2, dropout=0.0
+        )
+        model.build(((None, None), (None, None)))
+        optimizer = optimizer() if optimizer else keras.optimizers.Adam(1e-2)
+    return model, optimizer
+
+
 @pytest.mark.parametrize("spent_minutes, epochs", [(0.0, 3), (10.0, 1)])
 def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs, tmp_path):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    with strategy.scope():
-        model = kt.Transformer(30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2)
-        model.build(((None, None), (None, None)))
-        optimizer = keras.optimizers.Adam(1e-2)
+    model, optimizer = tiny_model_and_optimizer(strategy)
     # A 10-minute budget with `spent_minutes` already gone before training began.
     budget = TimeBudget(10.0, started=time.perf_counter() - 60 * spent_minutes)
     checkpoints = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))
@@ -151,3 +160,114 @@ def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs,
     assert int(optimizer.iterations.numpy()) == 2 * epochs
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"epoch-{epochs}.keras"
     assert budget.stopped_epoch == (0 if spent_minutes else None)
+
+
+class FakeClock:
+    """A clock for `TimeBudget` on which each training step takes `step_seconds`."""
+
+    def __init__(self, step_seconds):
+        self.now = 1000.0
+        self.step_seconds = step_seconds
+
+    def __call__(self):
+        return self.now
+
+    def tick(self, *_):
+        self.now += self.step_seconds
+
+
+def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path):
+    clock = FakeClock(step_seconds=6.0)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    schedule = kt.TransformerSchedule(16, warmup_steps=2, cooldown=0.5)
+    model, optimizer = tiny_model_and_optimizer(
+        strategy, lambda: kt.transformer_optimizer(16, schedule=schedule)
+    )
+    # 3 minutes, 0.5 kept for after training, 2 steps an epoch of 12 s: 12 epochs fit.
+    plan = tmp_path / "budget.json"
+    budget = TimeBudget(3.0, clock(), 0.5, schedule, plan_path=str(plan), clock=clock)
+    rates = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: (clock.tick(), rates.append(logs["learning_rate"]))
+    )
+    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
+    history = Trainer(model, optimizer, strategy).fit(
+        data, steps=1000, steps_per_epoch=2, callbacks=[record, budget], verbose=0
+    )
+    assert int(optimizer.iterations.numpy()) == 24 == schedule.total_steps
+    assert len(history.history["loss"]) == 12 and budget.stopped_epoch == 11
+    assert clock.now - 1000.0 <= (3.0 - 0.5) * 60
+    assert json.loads(plan.read_text())["total_steps"] == 24
+    # The schedule reaches its final value, 0, at the end of the budget; the
+    # rate logged after update i is the rate of update i + 1.
+    assert float(schedule(24)) == 0.0 and rates[-1] == 0.0
+    np.testing.assert_allclose(rates[17], float(kt.TransformerSchedule(16, 2)(18)) * 6 / 12)
+    assert max(rates[12:]) <= max(rates[:12])
+
+
+def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
+    clock = FakeClock(step_seconds=6.0)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    schedule = kt.TransformerSchedule(16, warmup_steps=2, cooldown=0.5)
+    model, optimizer = tiny_model_and_optimizer(
+        strategy, lambda: kt.transformer_optimizer(16, schedule=schedule)
+    )
+    budget = TimeBudget(3.0, clock(), 0.0, schedule, clock=clock)
+
+    def slow_down(batch, logs):
+        clock.tick()
+        if int(optimizer.iterations.numpy()) >= 8:  # steps take 10 s from the 5th epoch on
+            clock.step_seconds = 10.0
+
+    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
+    Trainer(model, optimizer, strategy).fit(
+        data,
+        steps=1000,
+        steps_per_epoch=2,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=slow_down), budget],
+        verbose=0,
+    )
+    steps = int(optimizer.iterations.numpy())
+    assert clock.now - 1000.0 <= 180.0 and steps == schedule.total_steps < 30
+    assert float(schedule(steps)) == 0.0
+
+
+def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
+    from pipelines.data.batching import batch_examples
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    rng = np.random.default_rng(0)
+    examples = tf.data.Dataset.from_generator(
+        lambda: (
+            {"source": rng.integers(4, 30, n).astype("int32"),
+             "target": rng.integers(4, 30, n + 2).astype("int32")}
+            for n in [3, 4, 5, 6, 7, 8] * 8
+        ),
+        output_signature={"source": tf.TensorSpec([None], tf.int32),
+                          "target": tf.TensorSpec([None], tf.int32)},
+    ).cache()  # fmt: skip
+    list(examples)  # fills the cache from the generator once
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(epoch, logs):
+        if epoch == 1:
+            raise Interrupt
+
+    def train(steps, backup, extra=()):
+        model, optimizer = tiny_model_and_optimizer(strategy)
+        trainer = Trainer(model, optimizer, strategy)
+        # Shuffled, repeated, several batch shapes, built anew as in a new process.
+        data = batch_examples(examples, batch_tokens=40, max_length=12, repeat=True, seed=5)
+        callbacks = [keras.callbacks.BackupAndRestore(str(backup)), *extra]
+        trainer.fit(data, steps=steps, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+        return trainer, [w.numpy() for w in model.trainable_weights]
+
+    _, uninterrupted = train(9, tmp_path / "a")
+    with pytest.raises(Interrupt):
+        train(9, tmp_path / "b", [keras.callbacks.LambdaCallback(on_epoch_end=interrupt)])
+    resumed, weights = train(9, tmp_path / "b")
+    assert resumed.initial_step == 6
+    for expected, actual in zip(uninterrupted, weights, strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)

@@ -9,8 +9,10 @@ import sacrebleu
 from pipelines.errors import DataError
 
 
-def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
-    """Greedy translations of a list of sentences, in order.
+def translate(
+    model, tokenizer, sentences, batch_size=1024, max_length=None, beam_size=1, alpha=0.0
+):
+    """Translations of a list of sentences, in order (greedy unless `beam_size` > 1).
 
     Args:
         model: a trained `Transformer`.
@@ -19,6 +21,8 @@ def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
         batch_size: int, sentences per call of the graph, which searches
             them in length-sorted chunks.
         max_length: int or None, longest source kept (in tokens, EOS included).
+        beam_size: int, 1 for greedy search.
+        alpha: float, beam search's length penalty exponent.
 
     Returns:
         list of str, one translation per sentence.
@@ -31,7 +35,7 @@ def translate(model, tokenizer, sentences, batch_size=1024, max_length=None):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
         texts, _ = translate_strings(
-            model, tokenizer, batch, beam_size=1, alpha=0.0, max_source_length=max_length
+            model, tokenizer, batch, beam_size, alpha, max_source_length=max_length
         )
         return texts[:, 0]
 

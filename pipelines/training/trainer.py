@@ -307,7 +307,8 @@ class TimeBudget(keras.callbacks.Callback):
     at the end of the budget, and stops training when the plan is done. Once
     the cooldown has begun the plan can only shrink (the rate never rises
     again); a plan that shrinks lowers the rate at once and still ends at 0.
-    The plan is written to `plan_path`, and a resumed run keeps it.
+    The plan is written to `plan_path`; a resumed run keeps it (shrinking it
+    only if its own budget runs out first).
 
     Args:
         minutes: float, the budget, counted from `started`.
@@ -321,8 +322,16 @@ class TimeBudget(keras.callbacks.Callback):
         clock: function returning seconds, `time.perf_counter` by default.
     """
 
-    def __init__(self, minutes, started=None, reserve_minutes=0.0, schedule=None,
-                 max_steps=None, plan_path=None, clock=time.perf_counter):  # fmt: skip
+    def __init__(
+        self,
+        minutes,
+        started=None,
+        reserve_minutes=0.0,
+        schedule=None,
+        max_steps=None,
+        plan_path=None,
+        clock=time.perf_counter,
+    ):
         super().__init__()
         self.seconds = 60.0 * minutes
         self.reserve = 60.0 * reserve_minutes
@@ -332,6 +341,7 @@ class TimeBudget(keras.callbacks.Callback):
         self.plan_path = plan_path
         self.total_steps = None
         self.stopped_epoch = None
+        self.resumed = False
         self.clock = clock
         self._durations = []
 
@@ -349,6 +359,7 @@ class TimeBudget(keras.callbacks.Callback):
         if self.plan_path and self._step() > 0 and os.path.exists(self.plan_path):
             with open(self.plan_path, encoding="utf-8") as handle:
                 self._set_plan(json.load(handle)["total_steps"])
+            self.resumed = True
             logger.info("Resuming the time budget's plan of %d steps", self.total_steps)
 
     def _set_plan(self, total_steps):
@@ -368,12 +379,16 @@ class TimeBudget(keras.callbacks.Callback):
         planned = step + max(int(left // epoch_seconds), 0) * steps_per_epoch
         if self.max_steps:
             planned = min(planned, self.max_steps)
-        if self.total_steps is None or not self._cooling() or planned < self.total_steps:
+        fixed = self.resumed or self._cooling()  # the plan may only shrink
+        if self.total_steps is None or not fixed or planned < self.total_steps:
             if planned != self.total_steps:
                 logger.info(
                     "Time budget: %d steps in all (%d more; epochs of %.0f s, %.1f minutes left)",
-                    planned, planned - step, epoch_seconds, left / 60,
-                )  # fmt: skip
+                    planned,
+                    planned - step,
+                    epoch_seconds,
+                    left / 60,
+                )
             self._set_plan(planned)
             if self.plan_path:
                 with open(self.plan_path, "w", encoding="utf-8") as handle:

@@ -53,3 +53,15 @@ def test_the_run_logs_under_its_own_module_name():
     from pipelines.training import run
 
     assert run.logger.name == "pipelines.training.run" == run.__name__
+
+
+def test_a_run_may_be_given_in_minutes_instead_of_steps():
+    config = load_config("default", overrides={"max_minutes": 5.0}, settings={"steps": None})
+    assert config.steps is None and config.max_minutes == 5.0
+    assert load_config("default", overrides={"steps": None}).steps == RECIPES["default"]["steps"]
+    with pytest.raises(ConfigError, match="only with max_minutes"):
+        load_config("default", settings={"steps": None})
+    with pytest.raises(ConfigError, match="more than reserve_minutes"):
+        load_config("default", overrides={"max_minutes": 1.0}, settings={"reserve_minutes": 2.0})
+    with pytest.raises(ConfigError, match="cooldown=1.5"):
+        load_config("default", settings={"cooldown": 1.5})

@@ -1,0 +1,223 @@
+"""The Multi30k recipe's training step on CPU: today's step vs an XLA-compiled one.
+
+Usage:
+    python benchmarks/cpu_training_step.py --multi30k-dir ../shared/data/multi30k \
+        [--batches 24] [--repeats 3]
+
+Both variants train the recipe's model (`multi30k`: 4 layers, width 128,
+feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
+`Trainer` on the same training examples:
+- `today`: the recipe's batches (per-side length buckets spaced by 1.1, about
+  `--batch-tokens` tokens a side), eager TensorFlow graphs, oneDNN;
+- `xla`: `jit_compile=True` over a small set of fixed shapes: buckets spaced
+  by `--xla-ratio`, each batch padded to its bucket's bounds and to the
+  bucket's full row count, so each (source bound, target bound) pair is one
+  compiled program. Padding costs compute; compiling costs time once per
+  shape.
+Each repetition times one pass over the same examples per variant,
+alternating which goes first; the rate is real (non-pad) target tokens per
+second, median over repetitions. The compile cost is the first step of each
+new shape minus a steady step, and the number of shapes is counted over a
+whole training epoch, so the table says what a 57-minute budget would lose
+to compiling. Today's step is also profiled (TensorFlow profiler, op time by
+kind, as benchmarks/decoding_profile.py does) over `--profile-steps` steps.
+Writes benchmarks/results/cpu_training_step.json.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+
+MODEL = {"num_layers": 4, "hidden_dim": 128, "intermediate_dim": 256, "num_heads": 4}
+
+
+def examples_and_vocabulary(multi30k_dir, work_dir, vocabulary_size, max_length):
+    from pipelines.data import batching, tokenizer
+    from pipelines.data.corpus import load_multi30k
+
+    pairs = load_multi30k(multi30k_dir, "train")
+    spm_path = os.path.join(work_dir, "sentencepiece.model")
+    tokenizer.train_sentencepiece([t for pair in pairs for t in pair], spm_path, vocabulary_size)
+    tok = tokenizer.load_tokenizer(spm_path)
+    examples = batching.tokenize_examples(pairs, tok, max_length).cache()
+    return examples, tokenizer.vocabulary_size(spm_path)
+
+
+def batches(examples, batch_tokens, max_length, ratio, fixed):
+    """Shuffled training batches as NumPy triples; `fixed` pads to bucket shapes."""
+    import numpy as np
+
+    from pipelines.data import batching
+
+    dataset = examples.shuffle(100_000, seed=0).apply(
+        batching.bucket_by_token_budget(batch_tokens, max_length, ratio)
+    )
+    bounds = np.array(batching.bucket_bounds(max_length, ratio))
+    for batch in dataset.as_numpy_iterator():
+        source, target = batch["source"], batch["target"]
+        if fixed:
+            s = bounds[np.searchsorted(bounds, source.shape[1])]
+            t = bounds[np.searchsorted(bounds, target.shape[1] - 1)]
+            rows = batch_tokens // max(s, t)
+            source = np.pad(source, ((0, rows - len(source)), (0, s - source.shape[1])))
+            target = np.pad(target, ((0, rows - len(target)), (0, t + 1 - target.shape[1])))
+        yield source, target[:, :-1], target[:, 1:]
+
+
+def make_trainer(vocabulary_size, jit_compile):
+    import keras
+
+    import keras_transformer as kt
+    from pipelines.training.trainer import Trainer
+
+    keras.utils.set_random_seed(0)
+    model = kt.Transformer(vocabulary_size, dropout=0.1, **MODEL)
+    model.build(((None, None), (None, None)))
+    optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5)
+    return Trainer(model, optimizer, jit_compile=jit_compile)
+
+
+def one_step(trainer, batch):
+    import tensorflow as tf
+
+    source, target_in, target_out = batch
+    data = tf.data.Dataset.from_tensors(((source, target_in), target_out))
+    iterator = iter(trainer.strategy.experimental_distribute_dataset(data))
+    return float(trainer.train_step(iterator)[1])  # real target tokens
+
+
+def time_pass(trainer, batch_list):
+    started, tokens = time.perf_counter(), 0.0
+    for batch in batch_list:
+        tokens += one_step(trainer, batch)
+    return tokens / (time.perf_counter() - started)
+
+
+def profile_steps(trainer, batch_list):
+    """Op time per step by kind and the top op types, in milliseconds."""
+    import collections
+    import glob
+
+    import tensorflow as tf
+
+    from benchmarks.decoding_profile import kind_of, op_times
+
+    with tempfile.TemporaryDirectory() as log_dir:
+        tf.profiler.experimental.start(log_dir)
+        for batch in batch_list:
+            one_step(trainer, batch)
+        tf.profiler.experimental.stop()
+        path = sorted(glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb")))
+        seconds, _ = op_times(path[-1])
+    per_step = 1000.0 / len(batch_list)
+    kinds = collections.Counter()
+    for op_type, value in seconds.items():
+        kinds[kind_of(op_type)] += value * per_step
+    return {
+        "op_ms_per_step_by_kind": {k: round(v, 1) for k, v in kinds.most_common()},
+        "top_ops_ms_per_step": {k: round(v * per_step, 1) for k, v in seconds.most_common(12)},
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--multi30k-dir", required=True)
+    parser.add_argument("--batches", type=int, default=24, help="batches per timed pass")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--vocabulary-size", type=int, default=8000)
+    parser.add_argument("--xla-ratio", type=float, default=1.5)
+    parser.add_argument("--profile-steps", type=int, default=6)
+    parser.add_argument("--output", default=os.path.join(RESULTS, "cpu_training_step.json"))
+    args = parser.parse_args(argv)
+    max_length = 100
+
+    with tempfile.TemporaryDirectory() as work_dir:
+        examples, vocabulary = examples_and_vocabulary(
+            args.multi30k_dir, work_dir, args.vocabulary_size, max_length
+        )
+    variants = {"today": (1.1, False), "xla": (args.xla_ratio, True)}
+    epoch, timed, shapes, padding = {}, {}, {}, {}
+    for name, (ratio, fixed) in variants.items():
+        epoch[name] = list(batches(examples, args.batch_tokens, max_length, ratio, fixed))
+        shapes[name] = len({(b[0].shape, b[1].shape) for b in epoch[name]})
+        real = sum(int((b[2] != 0).sum()) for b in epoch[name])
+        padding[name] = round(real / sum(b[2].size for b in epoch[name]), 3)
+        timed[name] = epoch[name][: args.batches]
+    trainers = {name: make_trainer(vocabulary, fixed) for name, (_, fixed) in variants.items()}
+
+    # Compile (or trace) cost: first step of a shape minus a steady step of it.
+    first_step = {}
+    for name, trainer in trainers.items():
+        batch = timed[name][0]
+        started = time.perf_counter()
+        one_step(trainer, batch)
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        one_step(trainer, batch)
+        first_step[name] = round(first - (time.perf_counter() - started), 1)
+        for batch in timed[name]:  # every timed shape traced or compiled before timing
+            one_step(trainer, batch)
+
+    rates = {name: [] for name in variants}
+    for repeat in range(args.repeats):
+        order = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
+        for name in order:
+            rates[name].append(round(time_pass(trainers[name], timed[name]), 1))
+
+    results = {}
+    for name in variants:
+        rate = median(rates[name])
+        epoch_tokens = sum(int((b[2] != 0).sum()) for b in epoch[name])
+        results[name] = {
+            "real_target_tokens_per_second": rates[name],
+            "median": rate,
+            "shapes_per_epoch": shapes[name],
+            "real_token_fraction": padding[name],
+            "first_step_extra_seconds": first_step[name],
+            "epoch_minutes": round(epoch_tokens / rate / 60, 2),
+            # Compiling each shape once (XLA) or tracing once (today: one
+            # relaxed trace) out of a 57-minute budget.
+            "compile_minutes_per_run": round(
+                (shapes[name] if name == "xla" else 1) * first_step[name] / 60, 1
+            ),
+        }
+    ratio = results["xla"]["median"] / results["today"]["median"]
+    profile = profile_steps(trainers["today"], timed["today"][: args.profile_steps])
+    result = write_result(
+        {
+            "benchmark": "cpu_training_step",
+            "command": "python benchmarks/cpu_training_step.py " + " ".join(argv or sys.argv[1:]),
+            "model": MODEL,
+            "vocabulary_size": vocabulary,
+            "batch_tokens": args.batch_tokens,
+            "xla_bucket_ratio": args.xla_ratio,
+            "batches_per_pass": args.batches,
+            "repeats": args.repeats,
+            "results": results,
+            "xla_over_today_steady": round(ratio, 3),
+            "today_profile": profile,
+        },
+        args.output,
+    )
+    header = ["variant", "real tokens/s", "real fraction", "shapes/epoch", "compile min/run"]
+    rows = [
+        [name, r["median"], r["real_token_fraction"], r["shapes_per_epoch"],
+         r["compile_minutes_per_run"]]
+        for name, r in result["results"].items()
+    ]  # fmt: skip
+    print(table(header, rows))
+    print(f"xla / today (steady state, real tokens): {ratio:.3f}")
+    print(json.dumps(profile, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,11 +38,11 @@ from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
 MODEL = {"num_layers": 4, "hidden_dim": 128, "intermediate_dim": 256, "num_heads": 4}
 
 
-def examples_and_vocabulary(multi30k_dir, work_dir, vocabulary_size, max_length):
+def examples_and_vocabulary(multi30k_dir, work_dir, vocabulary_size, max_length, sentences):
     from pipelines.data import batching, tokenizer
     from pipelines.data.corpus import load_multi30k
 
-    pairs = load_multi30k(multi30k_dir, "train")
+    pairs = load_multi30k(multi30k_dir, "train")[:sentences]
     spm_path = os.path.join(work_dir, "sentencepiece.model")
     tokenizer.train_sentencepiece([t for pair in pairs for t in pair], spm_path, vocabulary_size)
     tok = tokenizer.load_tokenizer(spm_path)
@@ -71,14 +71,14 @@ def batches(examples, batch_tokens, max_length, ratio, fixed):
         yield source, target[:, :-1], target[:, 1:]
 
 
-def make_trainer(vocabulary_size, jit_compile):
+def make_trainer(vocabulary_size, jit_compile, num_layers):
     import keras
 
     import keras_transformer as kt
     from pipelines.training.trainer import Trainer
 
     keras.utils.set_random_seed(0)
-    model = kt.Transformer(vocabulary_size, dropout=0.1, **MODEL)
+    model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
     model.build(((None, None), (None, None)))
     optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5)
     return Trainer(model, optimizer, jit_compile=jit_compile)
@@ -135,13 +135,15 @@ def main(argv=None):
     parser.add_argument("--vocabulary-size", type=int, default=8000)
     parser.add_argument("--xla-ratio", type=float, default=1.5)
     parser.add_argument("--profile-steps", type=int, default=6)
+    parser.add_argument("--sentences", type=int, help="use only the first N training pairs")
+    parser.add_argument("--num-layers", type=int, default=MODEL["num_layers"])
     parser.add_argument("--output", default=os.path.join(RESULTS, "cpu_training_step.json"))
     args = parser.parse_args(argv)
     max_length = 100
 
     with tempfile.TemporaryDirectory() as work_dir:
         examples, vocabulary = examples_and_vocabulary(
-            args.multi30k_dir, work_dir, args.vocabulary_size, max_length
+            args.multi30k_dir, work_dir, args.vocabulary_size, max_length, args.sentences
         )
     variants = {"today": (1.1, False), "xla": (args.xla_ratio, True)}
     epoch, timed, shapes, padding = {}, {}, {}, {}
@@ -151,7 +153,10 @@ def main(argv=None):
         real = sum(int((b[2] != 0).sum()) for b in epoch[name])
         padding[name] = round(real / sum(b[2].size for b in epoch[name]), 3)
         timed[name] = epoch[name][: args.batches]
-    trainers = {name: make_trainer(vocabulary, fixed) for name, (_, fixed) in variants.items()}
+    trainers = {
+        name: make_trainer(vocabulary, fixed, args.num_layers)
+        for name, (_, fixed) in variants.items()
+    }
 
     # Compile (or trace) cost: first step of a shape minus a steady step of it.
     first_step = {}
@@ -195,7 +200,7 @@ def main(argv=None):
         {
             "benchmark": "cpu_training_step",
             "command": "python benchmarks/cpu_training_step.py " + " ".join(argv or sys.argv[1:]),
-            "model": MODEL,
+            "model": {**MODEL, "num_layers": args.num_layers},
             "vocabulary_size": vocabulary,
             "batch_tokens": args.batch_tokens,
             "xla_bucket_ratio": args.xla_ratio,

@@ -298,22 +298,24 @@ class Trainer:
 class TimeBudget(keras.callbacks.Callback):
     """Fits a run to a wall-clock budget: sets its length and ends it there.
 
-    At the end of every epoch the callback measures how long an epoch takes
-    (training, validation and checkpoints; the median of the last three,
-    leaving out the first, which includes tracing),
-    counts the epochs that still fit before `minutes` minus `reserve_minutes`
-    (kept for averaging and evaluation after training), and plans the run to
-    end after them: it sets the schedule's `total_steps`, so a cooldown ends
-    at the end of the budget, and stops training when the plan is done. Once
-    the cooldown has begun the plan can only shrink (the rate never rises
-    again); a plan that shrinks lowers the rate at once and still ends at 0.
-    The plan is written to `plan_path`; a resumed run keeps it (shrinking it
-    only if its own budget runs out first).
+    At the end of every epoch the callback measures the time a step takes
+    (an epoch's training, validation and checkpoint over its steps; the
+    median of the last three epochs, leaving out the first, which includes
+    tracing), counts the steps that still fit before `minutes` minus
+    `reserve_minutes` (kept for averaging and evaluation after training), and
+    plans the run to end after them, mid-epoch if need be (that epoch is
+    validated and checkpointed as it ends). It sets the schedule's
+    `total_steps`, so a cooldown ends at the end of the budget, and stops
+    training when the plan is done. Once the cooldown has begun the plan can
+    only shrink (the rate never rises again); a plan that shrinks lowers the
+    rate at once and still ends at 0. The plan is written to `plan_path`; a
+    resumed run keeps it (shrinking it only if its own budget runs out
+    first).
 
     Args:
         minutes: float, the budget, counted from `started`.
-        started: float or None, a `self.clock()` reading; defaults to
-            when training begins.
+        started: float or None, a `clock()` reading; defaults to when
+            training begins.
         reserve_minutes: float, part of the budget kept for after training.
         schedule: a `TransformerSchedule` with `cooldown > 0`, or None to
             only stop.
@@ -367,32 +369,38 @@ class TimeBudget(keras.callbacks.Callback):
         if self.schedule is not None:
             self.schedule.set_total_steps(total_steps)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_first_step = self._step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.total_steps is not None and self._step() >= self.total_steps:
+            self.model.stop_training = True
+
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()
-        self._durations.append(now - self._last)
-        self._last = now
         step = self._step()
-        steps_per_epoch = self.params["steps"]
+        self._durations.append((now - self._last) / max(step - self._epoch_first_step, 1))
+        self._last = now
         # The first epoch also traced the train function: left out once others exist.
-        epoch_seconds = statistics.median(self._durations[1:][-3:] or self._durations)
+        step_seconds = statistics.median(self._durations[1:][-3:] or self._durations)
         left = self.seconds - self.reserve - (now - self.started)
-        planned = step + max(int(left // epoch_seconds), 0) * steps_per_epoch
+        planned = step + max(int(left // step_seconds), 0)
         if self.max_steps:
             planned = min(planned, self.max_steps)
         fixed = self.resumed or self._cooling()  # the plan may only shrink
         if self.total_steps is None or not fixed or planned < self.total_steps:
             if planned != self.total_steps:
                 logger.info(
-                    "Time budget: %d steps in all (%d more; epochs of %.0f s, %.1f minutes left)",
+                    "Time budget: %d steps in all (%d more; %.3f s a step, %.1f minutes left)",
                     planned,
                     planned - step,
-                    epoch_seconds,
+                    step_seconds,
                     left / 60,
                 )
             self._set_plan(planned)
             if self.plan_path:
                 with open(self.plan_path, "w", encoding="utf-8") as handle:
-                    json.dump({"total_steps": planned, "epoch_seconds": epoch_seconds}, handle)
+                    json.dump({"total_steps": planned, "step_seconds": step_seconds}, handle)
         if step >= self.total_steps:
             logger.info(
                 "Time budget of %.1f minutes: done after epoch %d", self.seconds / 60, epoch + 1

@@ -10,11 +10,13 @@ import pytest
 
 from benchmarks import (
     beam_stop_rule,
+    cpu_training_step,
     decoding,
     decoding_profile,
     gpu_training,
     multi30k_recipe,
     pipeline_efficiency,
+    recipe_study,
     request_size,
     training_throughput,
 )
@@ -205,3 +207,45 @@ def test_gpu_profile_kinds_name_the_kernels_that_matter():
     )
     assert gpu_training.kernel_kind("input_reduce_fusion_111") == "reductions"
     assert gpu_training.kernel_kind("loop_add_fusion_11") == "element-wise fusions"
+
+
+def test_cpu_training_step_smoke(multi30k_dir, tmp_path):
+    output = tmp_path / "step.json"
+    argv = ["--multi30k-dir", multi30k_dir, "--sentences", "300", "--batches", "2",
+            "--repeats", "2", "--batch-tokens", "512", "--vocabulary-size", "300",
+            "--num-layers", "1", "--profile-steps", "1", "--output", str(output)]  # fmt: skip
+    assert cpu_training_step.main(argv) == 0
+    result = read(output)
+    today, xla = result["results"]["today"], result["results"]["xla"]
+    for entry in (today, xla):
+        assert len(entry["real_target_tokens_per_second"]) == 2 and entry["median"] > 0
+        assert 0 < entry["real_token_fraction"] <= 1
+    # Padding to a few fixed shapes: fewer shapes, more padding.
+    assert xla["shapes_per_epoch"] < today["shapes_per_epoch"]
+    assert xla["real_token_fraction"] < today["real_token_fraction"]
+    assert result["today_profile"]["op_ms_per_step_by_kind"]["matrix products"] > 0
+
+
+@pytest.mark.slow
+def test_recipe_study_smoke(multi30k_dir, tmp_path):
+    output = tmp_path / "study.json"
+    common = ["--multi30k-dir", multi30k_dir, "--output", str(output)]
+    tiny = ["steps=4", "steps_per_epoch=2", "vocabulary_size=300", "model.num_layers=1",
+            "model.hidden_dim=16", "model.intermediate_dim=32", "model.num_heads=2",
+            "reserve_minutes=0.1", "max_length=24"]  # fmt: skip
+    argv = [*common, "--minutes", "3", "--output-dir", str(tmp_path / "study"),
+            "--variant", "tiny", *tiny]  # fmt: skip
+    assert recipe_study.main(argv) == 0
+    (row,) = read(output)["rows"]
+    assert row["variant"] == "tiny" and row["steps"] == 4
+    assert row["settings"]["model.num_layers"] == 1 and row["budget_minutes"] == 3.0
+    assert 0 <= row["val_bleu_greedy_lowercased"] <= 100
+    argv = [*common, "--decoding", str(tmp_path / "study" / "tiny"), "--average", "1", "2",
+            "--beams", "1:0", "2:0.6"]  # fmt: skip
+    assert recipe_study.main(argv) == 0
+    study = read(output)
+    assert len(study["rows"]) == 1  # the variants' rows are kept
+    rows = study["decoding"]["rows"]
+    assert [(r["averaged_checkpoints"], r["beam_size"]) for r in rows] == [
+        (1, 1), (1, 2), (2, 1), (2, 2)
+    ]  # fmt: skip

@@ -160,7 +160,7 @@ def test_a_run_with_a_budget_ends_inside_it_at_the_end_of_its_schedule(tmp_path,
     result = json.loads((out / "result.json").read_text())
     plan = json.loads((out / "budget.json").read_text())
     assert result["seconds"] <= 60
-    assert result["steps"] == plan["total_steps"] and result["steps"] % 5 == 0
+    assert result["steps"] == plan["total_steps"]
     assert result["steps"] >= 10  # the budget was spent, not only met
     assert result["final_learning_rate"] == 0.0
     rates = result["history"]["learning_rate"]

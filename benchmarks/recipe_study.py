@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, machine  # noqa: E402
+from benchmarks.common import RESULTS, write_result  # noqa: E402
 from pipelines.commands.stages import run_stage  # noqa: E402
 
 
@@ -40,18 +40,22 @@ def parse_value(raw):
         return raw
 
 
-def val_bleu(run_dir, multi30k_dir, model=None, beam_size=1, alpha=0.0):
-    """`(lowercased, cased)` BLEU of a run's model (or `model`) on Multi30k val."""
+def val_set(run_dir, multi30k_dir):
+    """`(tokenizer, max_length, pairs)`: what translating Multi30k val with a run needs."""
     from pipelines.data import tokenizer
     from pipelines.data.corpus import load_multi30k
-    from pipelines.evaluation import score, translate
-    from pipelines.training.checkpoints import load_checkpoint
 
-    pairs = load_multi30k(multi30k_dir, "validation")
-    model = model or load_checkpoint(os.path.join(run_dir, "model.keras"))
-    tok = tokenizer.load_tokenizer(os.path.join(run_dir, "sentencepiece.model"))
     with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as handle:
         max_length = json.load(handle)["max_length"]
+    tok = tokenizer.load_tokenizer(os.path.join(run_dir, "sentencepiece.model"))
+    return tok, max_length, load_multi30k(multi30k_dir, "validation")
+
+
+def val_bleu(model, val, beam_size=1, alpha=0.0):
+    """`(lowercased, cased)` BLEU of `model` on a `val_set`."""
+    from pipelines.evaluation import score, translate
+
+    tok, max_length, pairs = val
     sources = [s for s, _ in pairs]
     hypotheses = translate(model, tok, sources, max_length=max_length, beam_size=beam_size,
                            alpha=alpha)  # fmt: skip
@@ -68,13 +72,14 @@ def decoding_study(run_dir, multi30k_dir, averages, beams):
     from pipelines.training.checkpoints import average_checkpoints
 
     checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "epoch-*.keras")))
+    val = val_set(run_dir, multi30k_dir)
     rows = []
     for count in averages:
         with tempfile.TemporaryDirectory() as scratch:
             model = average_checkpoints(checkpoints[-count:], os.path.join(scratch, "m.keras"))
         for beam in beams:
             size, alpha = beam.split(":")
-            lowercased, cased = val_bleu(run_dir, multi30k_dir, model, int(size), float(alpha))
+            lowercased, cased = val_bleu(model, val, int(size), float(alpha))
             rows.append(
                 {
                     "averaged_checkpoints": count,
@@ -86,13 +91,6 @@ def decoding_study(run_dir, multi30k_dir, averages, beams):
             )
             print(json.dumps(rows[-1]), flush=True)
     return rows
-
-
-def write(study, path):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(study, handle, indent=2)
-        handle.write("\n")
 
 
 def main(argv=None):
@@ -110,7 +108,7 @@ def main(argv=None):
 
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    study = {"benchmark": "recipe_study", "machine": machine(), "rows": []}
+    study = {"benchmark": "recipe_study", "rows": []}
     if os.path.exists(args.output):
         with open(args.output, encoding="utf-8") as handle:
             study = json.load(handle)
@@ -120,7 +118,7 @@ def main(argv=None):
             "run_dir": os.path.abspath(args.decoding),
             "rows": decoding_study(args.decoding, multi30k, args.average, args.beams),
         }
-        write(study, args.output)
+        write_result(study, args.output)
         return 0
     if not (args.variant and args.minutes):
         parser.error("give --minutes and --variant, or --decoding")
@@ -135,7 +133,10 @@ def main(argv=None):
         seconds = run_stage(f"Variant {name}", "pipelines.train", flags, env)
         with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
             trained = json.load(handle)
-        lowercased, cased = val_bleu(run, multi30k)
+        from pipelines.training.checkpoints import load_checkpoint
+
+        model = load_checkpoint(os.path.join(run, "model.keras"))
+        lowercased, cased = val_bleu(model, val_set(run, multi30k))
         row = {
             "variant": name,
             "settings": dict(
@@ -151,7 +152,7 @@ def main(argv=None):
             "val_bleu_greedy_cased": cased,
         }
         study["rows"] = [r for r in study["rows"] if r["variant"] != name] + [row]
-        write(study, args.output)
+        write_result(study, args.output)
         print(json.dumps(row), flush=True)
     return 0
 

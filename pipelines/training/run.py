@@ -230,10 +230,9 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         model = average_checkpoints(chosen, model_path)
     else:
         model.save(model_path)
-    rate = trainer.optimizer.learning_rate  # the rate the next update would use
     result = {
         "steps": int(trainer.optimizer.iterations.numpy()),
-        "final_learning_rate": float(keras.ops.convert_to_numpy(rate)),
+        "final_learning_rate": trainer.learning_rate(),
         "resumed_at_step": trainer.initial_step,
         "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},
         "model": model_path,

@@ -193,7 +193,8 @@ class Trainer:
             "tokens": tokens,
         }
 
-    def _learning_rate(self):
+    def learning_rate(self):
+        """float: the rate the optimizer's next update will use."""
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
     def _distribute(self, dataset, skip):
@@ -279,7 +280,7 @@ class Trainer:
                 logs = {
                     "loss": sums[0] / max(sums[1], 1.0),
                     "accuracy": sums[2] / max(sums[1], 1.0),
-                    "learning_rate": self._learning_rate(),
+                    "learning_rate": self.learning_rate(),
                     "tokens_per_second": sums[1] / (time.perf_counter() - started),
                 }
                 callbacks.on_train_batch_end(batch, logs)
@@ -388,15 +389,16 @@ class TimeBudget(keras.callbacks.Callback):
         if self.max_steps:
             planned = min(planned, self.max_steps)
         fixed = self.resumed or self._cooling()  # the plan may only shrink
-        if self.total_steps is None or not fixed or planned < self.total_steps:
-            if planned != self.total_steps:
-                logger.info(
-                    "Time budget: %d steps in all (%d more; %.3f s a step, %.1f minutes left)",
-                    planned,
-                    planned - step,
-                    step_seconds,
-                    left / 60,
-                )
+        if planned != self.total_steps and (
+            self.total_steps is None or not fixed or planned < self.total_steps
+        ):
+            logger.info(
+                "Time budget: %d steps in all (%d more; %.3f s a step, %.1f minutes left)",
+                planned,
+                planned - step,
+                step_seconds,
+                left / 60,
+            )
             self._set_plan(planned)
             if self.plan_path:
                 with open(self.plan_path, "w", encoding="utf-8") as handle:

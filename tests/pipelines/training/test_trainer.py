@@ -176,13 +176,19 @@ class FakeClock:
         self.now += self.step_seconds
 
 
-def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path):
-    clock = FakeClock(step_seconds=6.0)
+def cooled_trainer():
+    """`(trainer, schedule)`: a tiny model trained on eq. (3) with a cooldown over half the run."""
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     schedule = kt.TransformerSchedule(16, warmup_steps=2, cooldown=0.5)
     model, optimizer = tiny_model_and_optimizer(
         strategy, lambda: kt.transformer_optimizer(16, schedule=schedule)
     )
+    return Trainer(model, optimizer, strategy), schedule
+
+
+def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path):
+    clock = FakeClock(step_seconds=6.0)
+    trainer, schedule = cooled_trainer()
     # 3 minutes, 0.5 kept for after training, steps of 6 s: 25 steps fit, so
     # the run ends 1 step into its 7th epoch of 4 steps.
     plan = tmp_path / "budget.json"
@@ -192,10 +198,10 @@ def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path)
         on_train_batch_end=lambda batch, logs: (clock.tick(), rates.append(logs["learning_rate"]))
     )
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
-    history = Trainer(model, optimizer, strategy).fit(
+    history = trainer.fit(
         data, steps=1000, steps_per_epoch=4, callbacks=[record, budget], verbose=0
     )
-    assert int(optimizer.iterations.numpy()) == 25 == schedule.total_steps
+    assert int(trainer.optimizer.iterations.numpy()) == 25 == schedule.total_steps
     assert len(history.history["loss"]) == 7 and budget.stopped_epoch == 6
     assert clock.now - 1000.0 <= (3.0 - 0.5) * 60
     assert json.loads(plan.read_text())["total_steps"] == 25
@@ -211,11 +217,8 @@ def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path)
 
 def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
     clock = FakeClock(step_seconds=6.0)
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    schedule = kt.TransformerSchedule(16, warmup_steps=2, cooldown=0.5)
-    model, optimizer = tiny_model_and_optimizer(
-        strategy, lambda: kt.transformer_optimizer(16, schedule=schedule)
-    )
+    trainer, schedule = cooled_trainer()
+    optimizer = trainer.optimizer
     budget = TimeBudget(3.0, clock(), 0.0, schedule, clock=clock)
 
     def slow_down(batch, logs):
@@ -224,7 +227,7 @@ def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
             clock.step_seconds = 10.0
 
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
-    Trainer(model, optimizer, strategy).fit(
+    trainer.fit(
         data,
         steps=1000,
         steps_per_epoch=2,

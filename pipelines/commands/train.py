@@ -8,6 +8,7 @@ Examples:
         --train-files train.en train.de --validation-files dev.en dev.de
     python -m pipelines.train --config my_run.json --set model.dropout=0.2
     python -m pipelines.train --max-minutes 30 --cooldown 0.3
+    python -m pipelines.train --subword-sampling 0.1 --set subword_copies=8
 
 Outputs under `--output-dir`: config.json, sentencepiece.model, checkpoints/
 (one `.keras` per epoch), backup/ (BackupAndRestore: rerunning the same
@@ -48,6 +49,11 @@ def parse_args(argv):
     parser.add_argument("--vocabulary-size", type=int)
     parser.add_argument("--batch-tokens", type=int, help="tokens per side of a batch")
     parser.add_argument("--max-length", type=int)
+    parser.add_argument(
+        "--subword-sampling",
+        type=float,
+        help="BPE-dropout on the training pairs: probability of skipping a merge",
+    )
     parser.add_argument("--steps", type=int, help="total optimizer steps")
     parser.add_argument("--steps-per-epoch", type=int)
     parser.add_argument("--warmup-steps", type=int)

@@ -9,6 +9,7 @@ target tokens).
 """
 
 import numpy as np
+import sentencepiece as spm
 import tensorflow as tf
 
 from pipelines.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -192,6 +193,82 @@ def tokenize_examples(pairs, tokenizer, max_length):
         targets = [target for _, target in pairs]
         pairs = tf.data.Dataset.from_tensor_slices((sources, targets))
     return pairs.apply(tokenize_pairs(tokenizer)).apply(filter_by_length(max_length))
+
+
+def sampled_examples(pairs, model_path, max_length, alpha, copies=1, seed=0, chunk_size=4096):
+    """`tokenize_examples` with BPE-dropout: `copies` sampled segmentations of every pair.
+
+    Subword regularization: while segmenting, each BPE merge is skipped with
+    probability `alpha`, so the model sees one word split in several ways
+    (both sides, as in Provilkov et al., 2020). Copy `k` of the corpus is
+    sampled with seeds drawn from `(seed, k)`; copies follow one another and
+    the training shuffle mixes them. With `alpha=0` every copy equals
+    `tokenize_examples`.
+
+    The sampling runs in sentencepiece's Python binding, not in the graph:
+    tensorflow-text's sampling tokenizer takes no seed, and training reads
+    examples made once and saved (`pipelines.training.run`), so a run and its
+    resumption must see the same segmentations.
+
+    Args:
+        pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of
+            scalar string pairs.
+        model_path: str, the SentencePiece `.model` file (a BPE model).
+        max_length: int, longer sampled pairs are dropped.
+        alpha: float in [0, 1), the probability of skipping a merge.
+        copies: int, sampled segmentations of the corpus.
+        seed: int, sampling seed.
+        chunk_size: int, sentences segmented per call.
+
+    Returns:
+        `tf.data.Dataset` of dicts of int32 `source` `(S,)` and `target`
+        `(T + 1,)` vectors, as `tokenize_examples`.
+
+    References:
+        Provilkov et al., 2020, "BPE-Dropout: Simple and Effective Subword
+        Regularization".
+    """
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+
+    def segment(sentences, sentences_seed):
+        # One thread and a seed per call: sentencepiece's sampler restarts
+        # from the global seed at every call.
+        spm.set_random_generator_seed(int(sentences_seed))
+        return processor.encode(
+            sentences, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1
+        )
+
+    def chunks():
+        rows = pairs
+        if isinstance(pairs, tf.data.Dataset):
+            rows = ((s.decode(), t.decode()) for s, t in pairs.as_numpy_iterator())
+        chunk = []
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) == chunk_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def generate():
+        for copy in range(copies):
+            for index, chunk in enumerate(chunks()):
+                seeds = np.random.SeedSequence([seed, copy, index]).generate_state(2)
+                source_seed, target_seed = seeds
+                sources = segment([source for source, _ in chunk], source_seed)
+                targets = segment([target for _, target in chunk], target_seed)
+                for source, target in zip(sources, targets, strict=True):
+                    yield {
+                        "source": np.array(source + [EOS_ID], np.int32),
+                        "target": np.array([BOS_ID] + target + [EOS_ID], np.int32),
+                    }
+
+    vector = tf.TensorSpec([None], tf.int32)
+    examples = tf.data.Dataset.from_generator(
+        generate, output_signature={"source": vector, "target": vector}
+    )
+    return examples.apply(filter_by_length(max_length))
 
 
 def batch_examples(

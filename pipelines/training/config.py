@@ -39,6 +39,11 @@ class TrainConfig:
     vocabulary_size: int = 8000
     batch_tokens: int = 4096
     max_length: int = 128
+    # BPE-dropout on the training pairs (`batching.sampled_examples`): the
+    # probability of skipping a merge (0: off) and the sampled copies of the
+    # corpus made before training.
+    subword_sampling: float = 0.0
+    subword_copies: int = 4
     # Model: a preset plus overrides of its arguments, or no preset and every
     # size argument in `model`.
     preset: str | None = "transformer_small"
@@ -88,6 +93,7 @@ class TrainConfig:
             "batch_tokens",
             "max_length",
             "accumulation_steps",
+            "subword_copies",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -99,6 +105,11 @@ class TrainConfig:
             raise ConfigError(
                 f"max_minutes must be more than reserve_minutes ({self.reserve_minutes}). "
                 f"Received: max_minutes={self.max_minutes}"
+            )
+        if not 0.0 <= self.subword_sampling < 1.0:
+            raise ConfigError(
+                f"subword_sampling must be in [0, 1). Received: "
+                f"subword_sampling={self.subword_sampling}"
             )
         if not 0.0 <= self.cooldown <= 1.0:
             raise ConfigError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")

@@ -113,15 +113,28 @@ def _callbacks(config, out_dir, is_chief, started, schedule):
     return callbacks
 
 
-def _tokenized(config, pairs, tok, path):
-    """Pairs tokenized in-graph once and saved under `path` (read back on resume).
+def _tokenized(config, pairs, tok, path, sampling_model=None):
+    """Pairs tokenized once and saved under `path` (read back on resume).
 
     Training and validation read these ids back with `tf.data.Dataset.load`:
     a tensorflow-text tokenizer's resource is not visible to the per-device
     iterators of a distribution strategy, so no tokenizer runs inside them.
+    Given `sampling_model` (a SentencePiece file) and `subword_sampling`, the
+    saved examples are `subword_copies` BPE-dropout segmentations instead.
     """
     if not os.path.exists(os.path.join(path, "dataset_spec.pb")):
-        batching.tokenize_examples(pairs, tok, config.max_length).save(path)
+        if sampling_model and config.subword_sampling:
+            examples = batching.sampled_examples(
+                pairs,
+                sampling_model,
+                config.max_length,
+                config.subword_sampling,
+                config.subword_copies,
+                config.seed,
+            )
+        else:
+            examples = batching.tokenize_examples(pairs, tok, config.max_length)
+        examples.save(path)
     return tf.data.Dataset.load(path)
 
 
@@ -171,9 +184,8 @@ def run_training(config):
         )
     tok = tokenizer.load_tokenizer(spm_path)
     data_dir = os.path.join(out_dir, "data")
-    train_data = _train_dataset_fn(
-        config, _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"))
-    )
+    train = _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"), spm_path)
+    train_data = _train_dataset_fn(config, train)
     validation_data = None
     if validation_pairs is not None:
         validation = _tokenized(config, validation_pairs, tok, os.path.join(data_dir, "validation"))

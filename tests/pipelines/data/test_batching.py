@@ -6,8 +6,15 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from pipelines.data.batching import bucket_bounds, make_dataset, padding_efficiency
+from pipelines.data.batching import (
+    bucket_bounds,
+    make_dataset,
+    padding_efficiency,
+    sampled_examples,
+    tokenize_examples,
+)
 from pipelines.data.corpus import load_multi30k
+from pipelines.data.default_corpus import generate_pairs
 from pipelines.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer, train_sentencepiece
 
 
@@ -100,3 +107,50 @@ def test_repeated_training_data_fills_batches(multi30k):
     fill = stats["padded_tokens"] / 2 / stats["batches"] / 2048
     assert fill > 0.8, stats
     assert isinstance(dataset, tf.data.Dataset)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    pairs = generate_pairs(400, seed=0)
+    path = str(tmp_path_factory.mktemp("spm") / "small.model")
+    train_sentencepiece([s for pair in pairs for s in pair], path, vocabulary_size=300)
+    return pairs, path
+
+
+def examples_of(dataset):
+    return [(tuple(e["source"]), tuple(e["target"])) for e in dataset.as_numpy_iterator()]
+
+
+def test_bpe_dropout_samples_other_segmentations_of_the_same_text(small):
+    pairs, path = small
+    processor = spm.SentencePieceProcessor(model_file=path)
+    plain = examples_of(tokenize_examples(pairs, load_tokenizer(path), 200))
+    assert len(plain) == len(pairs)
+    # With no dropout every copy is the in-graph tokenizer's segmentation.
+    assert examples_of(sampled_examples(pairs, path, 200, alpha=0.0, copies=2)) == plain * 2
+    sampled = examples_of(sampled_examples(pairs, path, 200, alpha=0.3, copies=2, seed=1))
+    first, second = sampled[: len(pairs)], sampled[len(pairs) :]
+    assert len(second) == len(pairs)
+    text = lambda ids: processor.decode([int(i) for i in ids])  # noqa: E731
+    for copy in (first, second):
+        changed = 0
+        for (source, target), (plain_source, plain_target) in zip(copy, plain, strict=True):
+            assert source[-1] == EOS_ID and (target[0], target[-1]) == (BOS_ID, EOS_ID)
+            assert text(source[:-1]) == text(plain_source[:-1])
+            assert text(target[1:-1]) == text(plain_target[1:-1])
+            changed += (source, target) != (plain_source, plain_target)
+            # Dropped merges leave smaller pieces: never fewer of them.
+            assert len(source) >= len(plain_source) and len(target) >= len(plain_target)
+        assert changed > len(pairs) // 4
+    assert first != second  # each copy is sampled anew
+    # Seeded: the same seed gives the same samples, from a list or a tf.data input.
+    dataset = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
+    assert examples_of(sampled_examples(dataset, path, 200, 0.3, copies=2, seed=1)) == sampled
+    assert examples_of(sampled_examples(pairs, path, 200, 0.3, copies=2, seed=2)) != sampled
+    # More dropout, more pieces; the length filter applies to the sampled lengths.
+    pieces = lambda examples: sum(len(s) + len(t) for s, t in examples)  # noqa: E731
+    lighter = examples_of(sampled_examples(pairs, path, 200, 0.1, copies=2, seed=1))
+    assert pieces(plain) * 2 < pieces(lighter) < pieces(sampled)
+    short = examples_of(sampled_examples(pairs, path, 12, 0.3, copies=2, seed=1))
+    assert short == [(s, t) for s, t in sampled if len(s) <= 12 and len(t) - 1 <= 12]
+    assert 0 < len(short) < len(sampled)

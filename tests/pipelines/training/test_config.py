@@ -65,3 +65,12 @@ def test_a_run_may_be_given_in_minutes_instead_of_steps():
         load_config("default", overrides={"max_minutes": 1.0}, settings={"reserve_minutes": 2.0})
     with pytest.raises(ConfigError, match="cooldown=1.5"):
         load_config("default", settings={"cooldown": 1.5})
+
+
+def test_subword_sampling_settings_are_checked():
+    config = load_config("default", overrides={"subword_sampling": 0.1})
+    assert config.subword_sampling == 0.1 and config.subword_copies == 4
+    with pytest.raises(ConfigError, match="subword_sampling=1.0"):
+        load_config("default", overrides={"subword_sampling": 1.0})
+    with pytest.raises(ConfigError, match="subword_copies=0"):
+        load_config("default", settings={"subword_copies": 0})

@@ -9,6 +9,7 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from pipelines.commands.train import main
 
@@ -71,7 +72,8 @@ def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):
 def test_short_run_writes_every_output(tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["--output-dir", out, "--steps", "4", "--steps-per-epoch", "2", "--average-last", "2"]
-    assert main(args + TINY) == 0
+    sampling = ["--subword-sampling", "0.2", "--set", "subword_copies=2"]
+    assert main(args + sampling + TINY) == 0
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["steps"] == 4 and result["resumed_at_step"] == 0
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == [
@@ -82,6 +84,9 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     assert "greedy_bleu" in result and len(result["examples"]) == 5
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["steps"] == 4 and config["model"]["hidden_dim"] == 32
+    # Trained on two BPE-dropout copies of the 1,500 pairs (a few too long once sampled).
+    train = tf.data.Dataset.load(os.path.join(out, "data", "train"))
+    assert 2 * 1500 * 0.95 < sum(1 for _ in train) <= 2 * 1500
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
     assert model.hidden_dim == 32 and model.vocabulary_size == 200
     events = os.listdir(os.path.join(out, "logs", "train"))

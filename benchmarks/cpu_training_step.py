@@ -2,9 +2,9 @@
 
 Usage:
     python benchmarks/cpu_training_step.py --multi30k-dir ../shared/data/multi30k \
-        [--batches 24] [--repeats 3]
+        [--batches 24] [--repeats 3] [--variants today xla fused_qkv]
 
-Both variants train the recipe's model (`multi30k`: 4 layers, width 128,
+Each variant trains the recipe's model (`multi30k`: 4 layers, width 128,
 feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
 `Trainer` on the same training examples:
 - `today`: the recipe's batches (per-side length buckets spaced by 1.1, about
@@ -13,7 +13,10 @@ feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
   by `--xla-ratio`, each batch padded to its bucket's bounds and to the
   bucket's full row count, so each (source bound, target bound) pair is one
   compiled program. Padding costs compute; compiling costs time once per
-  shape.
+  shape;
+- `fused_qkv`: today's step with every self-attention projecting queries,
+  keys and values by one `(D, 3 H K)` kernel (one matrix product instead of
+  three, then a split), `FusedSelfAttention` below.
 Each repetition times one pass over the same examples per variant,
 alternating which goes first; the rate is real (non-pad) target tokens per
 second, median over repetitions. The compile cost is the first step of each
@@ -71,15 +74,83 @@ def batches(examples, batch_tokens, max_length, ratio, fixed):
         yield source, target[:, :-1], target[:, 1:]
 
 
-def make_trainer(vocabulary_size, jit_compile, num_layers):
+def fused_self_attention_class():
+    """`MultiHeadAttention` whose self-attention layers fuse the three projections.
+
+    A benchmark variant, not a layer of the package (on an H100 it was no
+    faster; README, "Training on a GPU (JAX backend)"): layers named `self_attention` hold one `qkv` kernel
+    `(D, 3, H, K)` and compute the training-time pass (no cache, no attention
+    maps); every other attention layer is the package's.
+    """
+    import keras
+    from keras import ops
+
+    import keras_transformer as kt
+    from keras_transformer.layers import masks
+    from keras_transformer.layers.attention import _dense_rows
+    from keras_transformer.layers.rows import apply_to_rows
+
+    class FusedSelfAttention(kt.MultiHeadAttention):
+        def build(self, query_shape, value_shape, key_shape=None):
+            if not self.name.endswith("self_attention"):
+                return super().build(query_shape, value_shape, key_shape)
+            heads = (None, 3, self.num_heads, self.key_dim)
+            self._qkv_dense = self._projection("qkv", "btd,dnhk->btnhk", heads, "nhk")
+            self._qkv_dense.build(query_shape)
+            self._output_dense = self._projection(
+                "attention_output", "bthk,hkd->btd", (None, query_shape[-1]), "d"
+            )
+            self._output_dense.build(query_shape[:2] + (self.num_heads, self.key_dim))
+            self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+        def call(self, query, value, query_mask=None, value_mask=None, use_causal_mask=False,
+                 training=None, **kwargs):  # fmt: skip
+            if not hasattr(self, "_qkv_dense"):
+                return super().call(
+                    query, value, query_mask=query_mask, value_mask=value_mask,
+                    use_causal_mask=use_causal_mask, training=training, **kwargs,
+                )  # fmt: skip
+            if kwargs.get("cache") is not None or kwargs.get("return_attention_scores"):
+                raise ValueError("FusedSelfAttention computes the training pass only")
+            batch, length = ops.shape(query)[0], ops.shape(query)[1]
+            qkv = apply_to_rows(lambda rows: _dense_rows(self._qkv_dense, rows), query)
+            shape = (batch, length, self.num_heads, self.key_dim)
+            states = [ops.reshape(x, shape) for x in ops.split(qkv, 3, axis=-1)]  # (B, T, H, K)
+            causal = masks.causal_mask(length, length, 0) if use_causal_mask else None
+            mask = masks.merge_attention_masks(
+                query_mask=query_mask, key_mask=value_mask, causal=causal
+            )  # (B, T, T)
+            if self._fusable(training):
+                scale = 1.0 / self.key_dim**0.5
+                mask = None if mask is None else ops.expand_dims(mask, 1)
+                outputs = ops.dot_product_attention(*states, mask=mask, scale=scale)
+            else:
+                heads_first = [ops.transpose(x, (0, 2, 1, 3)) for x in states]  # (B, H, T, K)
+                outputs, _ = self._attend(*heads_first, mask, training)
+                outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
+            return apply_to_rows(
+                lambda rows: _dense_rows(self._output_dense, rows), outputs, feature_axes=2
+            )  # (B, T, D)
+
+    return FusedSelfAttention
+
+
+def make_trainer(vocabulary_size, jit_compile, num_layers, fused_qkv=False):
     import keras
 
     import keras_transformer as kt
+    from keras_transformer.layers import block
     from pipelines.training.trainer import Trainer
 
     keras.utils.set_random_seed(0)
-    model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
-    model.build(((None, None), (None, None)))
+    package_attention = block.MultiHeadAttention
+    if fused_qkv:
+        block.MultiHeadAttention = fused_self_attention_class()
+    try:
+        model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
+        model.build(((None, None), (None, None)))
+    finally:
+        block.MultiHeadAttention = package_attention
     optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5)
     return Trainer(model, optimizer, jit_compile=jit_compile)
 
@@ -137,6 +208,10 @@ def main(argv=None):
     parser.add_argument("--profile-steps", type=int, default=6)
     parser.add_argument("--sentences", type=int, help="use only the first N training pairs")
     parser.add_argument("--num-layers", type=int, default=MODEL["num_layers"])
+    parser.add_argument(
+        "--variants", nargs="+", default=["today", "xla", "fused_qkv"],
+        choices=["today", "xla", "fused_qkv"], help="today is always measured",
+    )  # fmt: skip
     parser.add_argument("--output", default=os.path.join(RESULTS, "cpu_training_step.json"))
     args = parser.parse_args(argv)
     max_length = 100
@@ -145,17 +220,20 @@ def main(argv=None):
         examples, vocabulary = examples_and_vocabulary(
             args.multi30k_dir, work_dir, args.vocabulary_size, max_length, args.sentences
         )
-    variants = {"today": (1.1, False), "xla": (args.xla_ratio, True)}
+    # name: (bucket ratio, fixed shapes and XLA, fused query/key/value)
+    known = {"today": (1.1, False, False), "xla": (args.xla_ratio, True, False),
+             "fused_qkv": (1.1, False, True)}  # fmt: skip
+    variants = {name: known[name] for name in ["today", *args.variants] if name in known}
     epoch, timed, shapes, padding = {}, {}, {}, {}
-    for name, (ratio, fixed) in variants.items():
+    for name, (ratio, fixed, _) in variants.items():
         epoch[name] = list(batches(examples, args.batch_tokens, max_length, ratio, fixed))
         shapes[name] = len({(b[0].shape, b[1].shape) for b in epoch[name]})
         real = sum(int((b[2] != 0).sum()) for b in epoch[name])
         padding[name] = round(real / sum(b[2].size for b in epoch[name]), 3)
         timed[name] = epoch[name][: args.batches]
     trainers = {
-        name: make_trainer(vocabulary, fixed, args.num_layers)
-        for name, (_, fixed) in variants.items()
+        name: make_trainer(vocabulary, fixed, args.num_layers, fused)
+        for name, (_, fixed, fused) in variants.items()
     }
 
     # Compile (or trace) cost: first step of a shape minus a steady step of it.
@@ -194,7 +272,11 @@ def main(argv=None):
                 (shapes[name] if name == "xla" else 1) * first_step[name] / 60, 1
             ),
         }
-    ratio = results["xla"]["median"] / results["today"]["median"]
+    over_today = {
+        f"{name}_over_today_steady": round(results[name]["median"] / results["today"]["median"], 3)
+        for name in variants
+        if name != "today"
+    }
     profile = profile_steps(trainers["today"], timed["today"][: args.profile_steps])
     result = write_result(
         {
@@ -207,7 +289,7 @@ def main(argv=None):
             "batches_per_pass": args.batches,
             "repeats": args.repeats,
             "results": results,
-            "xla_over_today_steady": round(ratio, 3),
+            **over_today,
             "today_profile": profile,
         },
         args.output,
@@ -219,7 +301,8 @@ def main(argv=None):
         for name, r in result["results"].items()
     ]  # fmt: skip
     print(table(header, rows))
-    print(f"xla / today (steady state, real tokens): {ratio:.3f}")
+    for name, ratio in over_today.items():
+        print(f"{name} (steady state, real tokens): {ratio:.3f}")
     print(json.dumps(profile, indent=2))
     return 0
 

@@ -217,13 +217,42 @@ def test_cpu_training_step_smoke(multi30k_dir, tmp_path):
     assert cpu_training_step.main(argv) == 0
     result = read(output)
     today, xla = result["results"]["today"], result["results"]["xla"]
-    for entry in (today, xla):
+    for entry in result["results"].values():
         assert len(entry["real_target_tokens_per_second"]) == 2 and entry["median"] > 0
         assert 0 < entry["real_token_fraction"] <= 1
+    assert sorted(result["results"]) == ["fused_qkv", "today", "xla"]
+    assert result["results"]["fused_qkv"]["shapes_per_epoch"] == today["shapes_per_epoch"]
+    assert result["fused_qkv_over_today_steady"] > 0
     # Padding to a few fixed shapes: fewer shapes, more padding.
     assert xla["shapes_per_epoch"] < today["shapes_per_epoch"]
     assert xla["real_token_fraction"] < today["real_token_fraction"]
     assert result["today_profile"]["op_ms_per_step_by_kind"]["matrix products"] > 0
+
+
+def test_fused_self_attention_equals_three_projections():
+    import keras
+
+    import keras_transformer as kt
+
+    fused_class = cpu_training_step.fused_self_attention_class()
+    x = keras.random.normal((2, 5, 8), seed=1)
+    padding = np.array([[True] * 5, [True] * 3 + [False] * 2])
+    classes = (kt.MultiHeadAttention, fused_class)
+    layers = [cls(num_heads=2, key_dim=4, name="self_attention") for cls in classes]
+    separate, fused = layers
+    for layer in layers:
+        layer.build(x.shape, x.shape)
+    assert len(fused.weights) == 4 and len(separate.weights) == 8
+    projections = (separate._query_dense, separate._key_dense, separate._value_dense)
+    fused._qkv_dense.kernel.assign(np.stack([p.kernel.numpy() for p in projections], axis=1))
+    fused._qkv_dense.bias.assign(np.stack([p.bias.numpy() for p in projections]))
+    fused._output_dense.set_weights(separate._output_dense.get_weights())
+    kwargs = {"query_mask": padding, "value_mask": padding, "use_causal_mask": True}
+    np.testing.assert_allclose(fused(x, x, **kwargs), separate(x, x, **kwargs), atol=1e-5)
+    # Layers of another name stay the package's.
+    cross = fused_class(num_heads=2, key_dim=4, name="cross_attention")
+    cross.build(x.shape, x.shape)
+    assert len(cross.weights) == 8
 
 
 @pytest.mark.slow

@@ -78,9 +78,10 @@ def fused_self_attention_class():
     """`MultiHeadAttention` whose self-attention layers fuse the three projections.
 
     A benchmark variant, not a layer of the package (on an H100 it was no
-    faster; README, "Training on a GPU (JAX backend)"): layers named `self_attention` hold one `qkv` kernel
-    `(D, 3, H, K)` and compute the training-time pass (no cache, no attention
-    maps); every other attention layer is the package's.
+    faster; README, "Training on a GPU (JAX backend)"): layers named
+    `self_attention` hold one `qkv` kernel `(D, 3, H, K)` and compute the
+    training-time pass (no cache, no attention maps); every other attention
+    layer is the package's.
     """
     import keras
     from keras import ops

@@ -95,6 +95,7 @@ def _callbacks(config, out_dir, is_chief, started, schedule):
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
     if config.max_minutes:
+        progbar = keras.callbacks.ProgbarLogger() if is_chief else None
         budget = TimeBudget(
             config.max_minutes,
             started,
@@ -102,8 +103,9 @@ def _callbacks(config, out_dir, is_chief, started, schedule):
             schedule if config.cooldown else None,
             max_steps=config.steps,
             plan_path=os.path.join(out_dir, "budget.json"),
+            progbar=progbar,
         )
-        callbacks.append(budget)
+        callbacks += [budget] if progbar is None else [progbar, budget]
     if config.early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(

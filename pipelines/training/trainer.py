@@ -323,6 +323,8 @@ class TimeBudget(keras.callbacks.Callback):
         max_steps: int or None, the longest plan allowed.
         plan_path: str or None, a JSON file for the plan.
         clock: function returning seconds, `time.perf_counter` by default.
+        progbar: a `keras.callbacks.ProgbarLogger` of the same fit, or None:
+            its epoch count follows the plan.
     """
 
     def __init__(
@@ -334,6 +336,7 @@ class TimeBudget(keras.callbacks.Callback):
         max_steps=None,
         plan_path=None,
         clock=time.perf_counter,
+        progbar=None,
     ):
         super().__init__()
         self.seconds = 60.0 * minutes
@@ -346,6 +349,7 @@ class TimeBudget(keras.callbacks.Callback):
         self.stopped_epoch = None
         self.resumed = False
         self.clock = clock
+        self.progbar = progbar
         self._durations = []
 
     def _step(self):
@@ -369,6 +373,8 @@ class TimeBudget(keras.callbacks.Callback):
         self.total_steps = total_steps
         if self.schedule is not None:
             self.schedule.set_total_steps(total_steps)
+        if self.progbar is not None:  # "Epoch 3/37", not the step cap's count
+            self.progbar.epochs = math.ceil(total_steps / self.params["steps"])
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_first_step = self._step()

@@ -192,17 +192,20 @@ def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path)
     # 3 minutes, 0.5 kept for after training, steps of 6 s: 25 steps fit, so
     # the run ends 1 step into its 7th epoch of 4 steps.
     plan = tmp_path / "budget.json"
-    budget = TimeBudget(3.0, clock(), 0.5, schedule, plan_path=str(plan), clock=clock)
+    progbar = keras.callbacks.ProgbarLogger()
+    budget = TimeBudget(3.0, clock(), 0.5, schedule, plan_path=str(plan), clock=clock,
+                        progbar=progbar)  # fmt: skip
     rates = []
     record = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: (clock.tick(), rates.append(logs["learning_rate"]))
     )
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
     history = trainer.fit(
-        data, steps=1000, steps_per_epoch=4, callbacks=[record, budget], verbose=0
+        data, steps=1000, steps_per_epoch=4, callbacks=[record, progbar, budget], verbose=0
     )
     assert int(trainer.optimizer.iterations.numpy()) == 25 == schedule.total_steps
     assert len(history.history["loss"]) == 7 and budget.stopped_epoch == 6
+    assert progbar.epochs == 7  # the progress bar counts the planned epochs, not 250
     assert clock.now - 1000.0 <= (3.0 - 0.5) * 60
     assert json.loads(plan.read_text())["total_steps"] == 25
     # The schedule reaches its final value, 0, at the end of the budget; the

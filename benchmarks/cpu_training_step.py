@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/cpu_training_step.py --multi30k-dir ../shared/data/multi30k \
-        [--batches 24] [--repeats 3] [--variants today xla fused_qkv]
+        [--batches 24] [--repeats 3] [--variants today xla fused_qkv fused_adam]
 
 Each variant trains the recipe's model (`multi30k`: 4 layers, width 128,
 feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
@@ -16,7 +16,9 @@ feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
   shape;
 - `fused_qkv`: today's step with every self-attention projecting queries,
   keys and values by one `(D, 3 H K)` kernel (one matrix product instead of
-  three, then a split), `FusedSelfAttention` below.
+  three, then a split), `FusedSelfAttention` below;
+- `fused_adam`: today's step with `pipelines.training.optimizers.FusedAdam`
+  (one `ResourceApplyAdam` kernel a variable instead of Keras's ~20 ops).
 Each repetition times one pass over the same examples per variant,
 alternating which goes first; the rate is real (non-pad) target tokens per
 second, median over repetitions. The compile cost is the first step of each
@@ -136,11 +138,12 @@ def fused_self_attention_class():
     return FusedSelfAttention
 
 
-def make_trainer(vocabulary_size, jit_compile, num_layers, fused_qkv=False):
+def make_trainer(vocabulary_size, num_layers, xla=False, fused_qkv=False, fused_adam=False):
     import keras
 
     import keras_transformer as kt
     from keras_transformer.layers import block
+    from pipelines.training.optimizers import FusedAdam
     from pipelines.training.trainer import Trainer
 
     keras.utils.set_random_seed(0)
@@ -152,8 +155,9 @@ def make_trainer(vocabulary_size, jit_compile, num_layers, fused_qkv=False):
         model.build(((None, None), (None, None)))
     finally:
         block.MultiHeadAttention = package_attention
-    optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5)
-    return Trainer(model, optimizer, jit_compile=jit_compile)
+    adam = FusedAdam if fused_adam else keras.optimizers.Adam
+    optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5, optimizer_class=adam)
+    return Trainer(model, optimizer, jit_compile=xla)
 
 
 def one_step(trainer, batch):
@@ -210,8 +214,8 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, help="use only the first N training pairs")
     parser.add_argument("--num-layers", type=int, default=MODEL["num_layers"])
     parser.add_argument(
-        "--variants", nargs="+", default=["today", "xla", "fused_qkv"],
-        choices=["today", "xla", "fused_qkv"], help="today is always measured",
+        "--variants", nargs="+", default=["today", "xla", "fused_qkv", "fused_adam"],
+        choices=["today", "xla", "fused_qkv", "fused_adam"], help="today is always measured",
     )  # fmt: skip
     parser.add_argument("--output", default=os.path.join(RESULTS, "cpu_training_step.json"))
     args = parser.parse_args(argv)
@@ -221,20 +225,25 @@ def main(argv=None):
         examples, vocabulary = examples_and_vocabulary(
             args.multi30k_dir, work_dir, args.vocabulary_size, max_length, args.sentences
         )
-    # name: (bucket ratio, fixed shapes and XLA, fused query/key/value)
-    known = {"today": (1.1, False, False), "xla": (args.xla_ratio, True, False),
-             "fused_qkv": (1.1, False, True)}  # fmt: skip
+    # name: bucket ratio, then `make_trainer` options; only XLA pads to fixed shapes.
+    known = {
+        "today": (1.1, {}),
+        "xla": (args.xla_ratio, {"xla": True}),
+        "fused_qkv": (1.1, {"fused_qkv": True}),
+        "fused_adam": (1.1, {"fused_adam": True}),
+    }
     variants = {name: known[name] for name in ["today", *args.variants] if name in known}
     epoch, timed, shapes, padding = {}, {}, {}, {}
-    for name, (ratio, fixed, _) in variants.items():
+    for name, (ratio, options) in variants.items():
+        fixed = options.get("xla", False)
         epoch[name] = list(batches(examples, args.batch_tokens, max_length, ratio, fixed))
         shapes[name] = len({(b[0].shape, b[1].shape) for b in epoch[name]})
         real = sum(int((b[2] != 0).sum()) for b in epoch[name])
         padding[name] = round(real / sum(b[2].size for b in epoch[name]), 3)
         timed[name] = epoch[name][: args.batches]
     trainers = {
-        name: make_trainer(vocabulary, fixed, args.num_layers, fused)
-        for name, (_, fixed, fused) in variants.items()
+        name: make_trainer(vocabulary, args.num_layers, **options)
+        for name, (_, options) in variants.items()
     }
 
     # Compile (or trace) cost: first step of a shape minus a steady step of it.

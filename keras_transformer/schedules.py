@@ -118,7 +118,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         }
 
 
-def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, schedule=None, **kwargs):
+def transformer_optimizer(
+    d_model, warmup_steps=4000, scale=1.0, schedule=None, optimizer_class=None, **kwargs
+):
     """Adam with beta_1=0.9, beta_2=0.98, epsilon=1e-9 on `TransformerSchedule`.
 
     Args:
@@ -127,14 +129,16 @@ def transformer_optimizer(d_model, warmup_steps=4000, scale=1.0, schedule=None, 
         scale: float, multiplier on the schedule.
         schedule: a `TransformerSchedule` (with a cooldown, say) used instead
             of the one the three arguments above describe.
+        optimizer_class: `keras.optimizers.Adam` (the default) or a subclass
+            computing the same update (the TensorFlow pipelines' `FusedAdam`).
         **kwargs: further `keras.optimizers.Adam` arguments (e.g. `clipnorm`).
 
     Returns:
-        A `keras.optimizers.Adam`.
+        An `optimizer_class` instance.
 
     References:
         Vaswani et al., 2017, section 5.3.
     """
     options = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
     schedule = schedule or TransformerSchedule(d_model, warmup_steps, scale)
-    return keras.optimizers.Adam(learning_rate=schedule, **options)
+    return (optimizer_class or keras.optimizers.Adam)(learning_rate=schedule, **options)

@@ -112,14 +112,16 @@ def fused_self_attention_class():
             self._output_dense.build(query_shape[:2] + (self.num_heads, self.key_dim))
             self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-        def call(self, query, value, query_mask=None, value_mask=None, use_causal_mask=False,
-                 training=None, **kwargs):  # fmt: skip
+        def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+                 attention_mask=None, use_causal_mask=False, return_attention_scores=False,
+                 cache=None, cache_update_index=None, grow_cache=False, training=None):  # fmt: skip
             if not hasattr(self, "_qkv_dense"):
                 return super().call(
-                    query, value, query_mask=query_mask, value_mask=value_mask,
-                    use_causal_mask=use_causal_mask, training=training, **kwargs,
+                    query, value, key, query_mask, value_mask, key_mask, attention_mask,
+                    use_causal_mask, return_attention_scores, cache, cache_update_index,
+                    grow_cache, training,
                 )  # fmt: skip
-            if kwargs.get("cache") is not None or kwargs.get("return_attention_scores"):
+            if cache is not None or return_attention_scores or attention_mask is not None:
                 raise ValueError("FusedSelfAttention computes the training pass only")
             batch, length = ops.shape(query)[0], ops.shape(query)[1]
             qkv = apply_to_rows(lambda rows: _dense_rows(self._qkv_dense, rows), query)

@@ -309,11 +309,15 @@ class MultiHeadAttention(keras.layers.Layer):
         linear in the length) has no dropout on the probabilities, needs
         values of the keys' size, and would compute float16 logits, which
         overflow past 65504; otherwise `_attend` computes attention step by
-        step.
+        step. TensorFlow has no fused kernel: Keras composes it from einsums
+        on the `(B, T, H, K)` layout and masks built at the logits' full
+        shape, and `_attend` trains 1.1x faster on a CPU
+        (benchmarks/results/cpu_training_step_levers.json).
         """
         same_sizes = self.value_dim in (None, self.key_dim)
         no_dropout = not training or self.dropout == 0
-        return same_sizes and no_dropout and self.compute_dtype != "float16"
+        has_kernel = keras.backend.backend() != "tensorflow"
+        return has_kernel and same_sizes and no_dropout and self.compute_dtype != "float16"
 
     def _attend(self, query_states, key_states, value_states, mask, training):
         if self.compute_dtype == "float16":

@@ -103,7 +103,8 @@ def test_fused_kernel_is_used_where_it_computes_the_same(
     )
     query, value = data
     MultiHeadAttention(num_heads=H, key_dim=4, **init_kwargs)(query, value, **call_kwargs)
-    assert bool(calls) == expected
+    # TensorFlow has no fused kernel: the step-by-step path is faster there.
+    assert bool(calls) == (expected and keras.backend.backend() != "tensorflow")
 
 
 def test_attention_scores_are_probabilities(data):

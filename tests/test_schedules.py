@@ -37,7 +37,7 @@ def test_optimizer_uses_the_paper_adam_settings():
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     assert optimizer.clipnorm == 1.0
     assert isinstance(optimizer._learning_rate, TransformerSchedule)
-    assert type(optimizer) is keras.optimizers.Adam
+    assert isinstance(optimizer, keras.optimizers.Adam)
 
     class Subclass(keras.optimizers.Adam):
         pass

@@ -24,7 +24,9 @@ class FusedAdam(keras.optimizers.Adam):
         variable -= lr sqrt(1 - beta_2^t) / (1 - beta_1^t) m / (sqrt(v) + epsilon).
 
     It holds the same variables and config as `keras.optimizers.Adam`, so
-    checkpoints and `.keras` files move between the two. TensorFlow backend
+    weights and optimizer state move between the two; a `.keras` file of a
+    model compiled with it names `FusedAdam`, so load such a file with
+    `compile=False` where this module is not imported. TensorFlow backend
     only; `amsgrad` is not supported.
 
     Args:

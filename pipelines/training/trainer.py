@@ -302,9 +302,11 @@ class TimeBudget(keras.callbacks.Callback):
     At the end of every epoch the callback measures the time a step takes
     (an epoch's training, validation and checkpoint over its steps; the
     median of the last three epochs, leaving out the first, which includes
-    tracing), counts the steps that still fit before `minutes` minus
-    `reserve_minutes` (kept for averaging and evaluation after training), and
-    plans the run to end after them, mid-epoch if need be (that epoch is
+    tracing, once others exist; the first is timed from the end of its first
+    batch, so tracing does not cut the first plan short), counts the steps
+    that still fit before `minutes` minus `reserve_minutes` (kept for
+    averaging and evaluation after training), and plans the run to end after
+    them, mid-epoch if need be (that epoch is
     validated and checkpointed as it ends). It sets the schedule's
     `total_steps`, so a cooldown ends at the end of the budget, and stops
     training when the plan is done. Once the cooldown has begun the plan can
@@ -380,6 +382,11 @@ class TimeBudget(keras.callbacks.Callback):
         self._epoch_first_step = self._step()
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self._durations and batch == 0:
+            # The fit's first batch also traced the train function: the first
+            # epoch is timed from here, so the first plan is not cut short.
+            self._last = self.clock()
+            self._epoch_first_step = self._step()
         if self.total_steps is not None and self._step() >= self.total_steps:
             self.model.stop_training = True
 

@@ -160,15 +160,13 @@ def test_two_workers_train_to_identical_weights(tmp_path):
 def test_a_run_with_a_budget_ends_inside_it_at_the_end_of_its_schedule(tmp_path, capsys):
     out = tmp_path / "run"
     budget = ["--max-minutes", "1", "--set", "reserve_minutes=0.4", "--cooldown", "0.3"]
-    # Epochs of 20 steps: the first epoch's time, which includes tracing, is
-    # the first estimate of a step; over 5 steps a loaded machine made it so
-    # large that the plan ended before the next epoch could correct it.
-    args = ["--output-dir", str(out), "--set", "steps=null", "--steps-per-epoch", "20", *budget]
+    args = ["--output-dir", str(out), "--set", "steps=null", "--steps-per-epoch", "5", *budget]
     assert main(args + TINY) == 0
     result = json.loads((out / "result.json").read_text())
     plan = json.loads((out / "budget.json").read_text())
     assert result["seconds"] <= 60
     assert result["steps"] == plan["total_steps"]
+    assert result["steps"] >= 10  # the budget was spent, not only met
     assert result["final_learning_rate"] == 0.0
     rates = result["history"]["learning_rate"]
     assert rates[-1] == 0.0 and max(rates) > 0.0

@@ -242,6 +242,31 @@ def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
     assert float(schedule(steps)) == 0.0
 
 
+def test_the_first_plan_leaves_out_the_first_batch_which_traces(tmp_path):
+    # The fit's first batch takes 100 s (tracing), every other 6 s; 5 minutes.
+    # Timed from the first batch's end, epoch 1 says 6 s a step: 4 + 30 steps
+    # fit. Timed from its start it would say 29.5 s, plan 10 steps, and the
+    # cooldown (from step 5) would keep the plan from growing again.
+    clock = FakeClock(step_seconds=100.0)
+    trainer, schedule = cooled_trainer()
+    budget = TimeBudget(5.0, clock(), 0.0, schedule, clock=clock)
+
+    def tick(batch, logs):
+        clock.tick()
+        clock.step_seconds = 6.0
+
+    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
+    trainer.fit(
+        data,
+        steps=1000,
+        steps_per_epoch=4,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=tick), budget],
+        verbose=0,
+    )
+    assert int(trainer.optimizer.iterations.numpy()) == 34 == schedule.total_steps
+    assert clock.now - 1000.0 <= 300.0
+
+
 def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
     from pipelines.data.batching import batch_examples
 

@@ -186,6 +186,18 @@ def cooled_trainer():
     return Trainer(model, optimizer, strategy), schedule
 
 
+def fit_by_the_clock(trainer, budget, on_batch_end, steps_per_epoch):
+    """Fits `trainer` on one repeated batch under `budget`; `on_batch_end` moves the clock."""
+    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
+    trainer.fit(
+        data,
+        steps=1000,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end), budget],
+        verbose=0,
+    )
+
+
 def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path):
     clock = FakeClock(step_seconds=6.0)
     trainer, schedule = cooled_trainer()
@@ -229,14 +241,7 @@ def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
         if int(optimizer.iterations.numpy()) >= 8:  # steps take 10 s from the 5th epoch on
             clock.step_seconds = 10.0
 
-    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
-    trainer.fit(
-        data,
-        steps=1000,
-        steps_per_epoch=2,
-        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=slow_down), budget],
-        verbose=0,
-    )
+    fit_by_the_clock(trainer, budget, slow_down, steps_per_epoch=2)
     steps = int(optimizer.iterations.numpy())
     assert clock.now - 1000.0 <= 180.0 and steps == schedule.total_steps < 30
     assert float(schedule(steps)) == 0.0
@@ -255,14 +260,7 @@ def test_the_first_plan_leaves_out_the_first_batch_which_traces(tmp_path):
         clock.tick()
         clock.step_seconds = 6.0
 
-    data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
-    trainer.fit(
-        data,
-        steps=1000,
-        steps_per_epoch=4,
-        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=tick), budget],
-        verbose=0,
-    )
+    fit_by_the_clock(trainer, budget, tick, steps_per_epoch=4)
     assert int(trainer.optimizer.iterations.numpy()) == 34 == schedule.total_steps
     assert clock.now - 1000.0 <= 300.0
 

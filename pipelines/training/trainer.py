@@ -311,9 +311,11 @@ class TimeBudget(keras.callbacks.Callback):
     `total_steps`, so a cooldown ends at the end of the budget, and stops
     training when the plan is done. Once the cooldown has begun the plan can
     only shrink (the rate never rises again); a plan that shrinks lowers the
-    rate at once and still ends at 0. The plan is written to `plan_path`; a
-    resumed run keeps it (shrinking it only if its own budget runs out
-    first).
+    rate at once and still ends at 0. A step that ends past the training
+    time (`minutes - reserve_minutes`) ends the plan there, mid-epoch, so a
+    sudden slowdown costs at most one step and the epoch's validation. The
+    plan is written to `plan_path`; a resumed run keeps it (shrinking it only
+    if its own budget runs out first).
 
     Args:
         minutes: float, the budget, counted from `started`.
@@ -387,8 +389,23 @@ class TimeBudget(keras.callbacks.Callback):
             # epoch is timed from here, so the first plan is not cut short.
             self._last = self.clock()
             self._epoch_first_step = self._step()
-        if self.total_steps is not None and self._step() >= self.total_steps:
+        step = self._step()
+        if self.total_steps is not None and step < self.total_steps and self._past_deadline():
+            # Steps slowed down inside an epoch (a plan is revised only at
+            # an epoch's end): the plan ends here, so the rate falls to 0 now.
+            logger.info("Time budget: out of training time, %d steps in all", step)
+            self._set_plan(step)
+            self._write_plan(step, None)
+        if self.total_steps is not None and step >= self.total_steps:
             self.model.stop_training = True
+
+    def _past_deadline(self):
+        return self.clock() - self.started >= self.seconds - self.reserve
+
+    def _write_plan(self, total_steps, step_seconds):
+        if self.plan_path:
+            with open(self.plan_path, "w", encoding="utf-8") as handle:
+                json.dump({"total_steps": total_steps, "step_seconds": step_seconds}, handle)
 
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()
@@ -413,9 +430,7 @@ class TimeBudget(keras.callbacks.Callback):
                 left / 60,
             )
             self._set_plan(planned)
-            if self.plan_path:
-                with open(self.plan_path, "w", encoding="utf-8") as handle:
-                    json.dump({"total_steps": planned, "step_seconds": step_seconds}, handle)
+            self._write_plan(planned, step_seconds)
         if step >= self.total_steps:
             logger.info(
                 "Time budget of %.1f minutes: done after epoch %d", self.seconds / 60, epoch + 1

@@ -159,7 +159,7 @@ def test_two_workers_train_to_identical_weights(tmp_path):
 
 def test_a_run_with_a_budget_ends_inside_it_at_the_end_of_its_schedule(tmp_path, capsys):
     out = tmp_path / "run"
-    budget = ["--max-minutes", "1", "--set", "reserve_minutes=0.4", "--cooldown", "0.3"]
+    budget = ["--max-minutes", "1", "--set", "reserve_minutes=0.5", "--cooldown", "0.3"]
     args = ["--output-dir", str(out), "--set", "steps=null", "--steps-per-epoch", "5", *budget]
     assert main(args + TINY) == 0
     result = json.loads((out / "result.json").read_text())

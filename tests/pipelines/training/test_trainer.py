@@ -265,6 +265,28 @@ def test_the_first_plan_leaves_out_the_first_batch_which_traces(tmp_path):
     assert clock.now - 1000.0 <= 300.0
 
 
+def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):
+    # 3 minutes; steps take 6 s, then 30 s from the 11th on, inside an epoch
+    # of 8 steps, before the plan can be revised at its end.
+    clock = FakeClock(step_seconds=6.0)
+    trainer, schedule = cooled_trainer()
+    optimizer = trainer.optimizer
+    plan = tmp_path / "budget.json"
+    budget = TimeBudget(3.0, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
+
+    def slow_down(batch, logs):
+        clock.tick()
+        if int(optimizer.iterations.numpy()) >= 10:
+            clock.step_seconds = 30.0
+
+    fit_by_the_clock(trainer, budget, slow_down, steps_per_epoch=8)
+    steps = int(optimizer.iterations.numpy())
+    # The step that crossed 180 s is the last: at most one step past it.
+    assert 180.0 <= clock.now - 1000.0 < 180.0 + 30.0
+    assert steps == schedule.total_steps == json.loads(plan.read_text())["total_steps"]
+    assert float(schedule(steps)) == 0.0
+
+
 def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
     from pipelines.data.batching import batch_examples
 

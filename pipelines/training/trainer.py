@@ -384,13 +384,13 @@ class TimeBudget(keras.callbacks.Callback):
         self._epoch_first_step = self._step()
 
     def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
         if not self._durations and batch == 0:
             # The fit's first batch also traced the train function: the first
             # epoch is timed from here, so the first plan is not cut short.
             self._last = self.clock()
-            self._epoch_first_step = self._step()
-        step = self._step()
-        if self.total_steps is not None and step < self.total_steps and self._past_deadline():
+            self._epoch_first_step = step
+        if (self.total_steps is None or step < self.total_steps) and self._past_deadline():
             # Steps slowed down inside an epoch (a plan is revised only at
             # an epoch's end): the plan ends here, so the rate falls to 0 now.
             logger.info("Time budget: out of training time, %d steps in all", step)

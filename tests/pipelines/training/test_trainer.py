@@ -145,11 +145,12 @@ def tiny_model_and_optimizer(strategy, optimizer=None, seed=3):
     return model, optimizer
 
 
-@pytest.mark.parametrize("spent_minutes, epochs", [(0.0, 3), (10.0, 1)])
-def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs, tmp_path):
+@pytest.mark.parametrize("spent_minutes, epochs, steps", [(0.0, 3, 6), (10.0, 1, 1)])
+def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs, steps, tmp_path):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     model, optimizer = tiny_model_and_optimizer(strategy)
-    # A 10-minute budget with `spent_minutes` already gone before training began.
+    # A 10-minute budget with `spent_minutes` already gone before training began:
+    # a spent budget ends the plan at its first step, and that epoch is saved.
     budget = TimeBudget(10.0, started=time.perf_counter() - 60 * spent_minutes)
     checkpoints = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
@@ -157,7 +158,7 @@ def test_time_budget_stops_after_the_last_epoch_that_fits(spent_minutes, epochs,
         data, steps=6, steps_per_epoch=2, callbacks=[checkpoints, budget], verbose=0
     )
     assert len(history.history["loss"]) == epochs
-    assert int(optimizer.iterations.numpy()) == 2 * epochs
+    assert int(optimizer.iterations.numpy()) == steps
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == f"epoch-{epochs}.keras"
     assert budget.stopped_epoch == (0 if spent_minutes else None)
 
@@ -172,7 +173,7 @@ class FakeClock:
     def __call__(self):
         return self.now
 
-    def tick(self, *_):
+    def tick(self):
         self.now += self.step_seconds
 
 
@@ -284,6 +285,18 @@ def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):
     # The step that crossed 180 s is the last: at most one step past it.
     assert 180.0 <= clock.now - 1000.0 < 180.0 + 30.0
     assert steps == schedule.total_steps == json.loads(plan.read_text())["total_steps"]
+    assert float(schedule(steps)) == 0.0
+
+
+def test_a_first_epoch_longer_than_the_budget_ends_at_the_deadline(tmp_path):
+    # 3 minutes, steps of 100 s, epochs of 8: no plan exists before the first
+    # epoch ends, and the step that crosses 180 s ends the run.
+    clock = FakeClock(step_seconds=100.0)
+    trainer, schedule = cooled_trainer()
+    budget = TimeBudget(3.0, clock(), 0.0, schedule, clock=clock)
+    fit_by_the_clock(trainer, budget, lambda batch, logs: clock.tick(), steps_per_epoch=8)
+    steps = int(trainer.optimizer.iterations.numpy())
+    assert clock.now - 1000.0 == 200.0 and steps == 2 == schedule.total_steps
     assert float(schedule(steps)) == 0.0
 
 

@@ -141,8 +141,10 @@ class DecoderLayer(TransformerBlock):
 class Decoder(TransformerStack):
     """A stack of `num_layers` `DecoderLayer`s (N = 6 in the paper).
 
-    Caches for the whole stack are lists with one `(keys, values)` pair per
-    layer: the self-attention cache holds `(B, H, T_cache, K)` pairs
+    `call` decodes whole target sequences (training, attention maps);
+    `call_with_cache` decodes the positions after those its caches hold, one
+    step of incremental decoding. Caches are lists with one `(keys, values)`
+    pair per layer: the self-attention cache holds `(B, H, T_cache, K)` pairs
     (`initial_cache` makes an empty one, growing or fixed-size) and the
     cross-attention cache `(B, H, S, K)` pairs (`compute_cross_attention_cache`).
     Separate tensors per layer let a step append to or rewrite each layer's
@@ -160,19 +162,13 @@ class Decoder(TransformerStack):
         encoder_outputs: `(B, S, D)`.
         decoder_padding_mask: bool `(B, T)`; defaults to the Keras mask.
         encoder_padding_mask: bool `(B, S)`; defaults to the Keras mask.
-        self_attention_cache: list of L `(keys, values)` pairs, `(B, H, T_cache, K)`
-            each, or None.
-        self_attention_cache_update_index: int scalar, position of
-            `inputs[:, 0]` in fixed-size caches; None appends to the caches.
-        cross_attention_cache: list of L `(keys, values)` pairs, `(B, H, S, K)`
-            each, or None.
         return_attention_scores: bool, also return the `(B, L, H, T, S)`
             encoder-decoder attention probabilities of every layer.
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, D)`; then the attention probabilities if requested; then the
-        updated self-attention cache if one was given.
+        `(B, T, D)`; with `return_attention_scores`, a pair of it and the
+        attention probabilities.
 
     Example:
     >>> decoder = Decoder(num_layers=2, num_heads=2, intermediate_dim=16)
@@ -223,9 +219,6 @@ class Decoder(TransformerStack):
         encoder_outputs,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
         return_attention_scores=False,
         training=None,
         inputs_mask=None,
@@ -235,34 +228,72 @@ class Decoder(TransformerStack):
             decoder_padding_mask = inputs_mask
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
-        outputs = inputs
-        scores, caches = [], []
-        for index, layer in enumerate(self.stack_layers):
-            results = layer(
+        outputs, scores = inputs, []
+        for layer in self.stack_layers:
+            outputs = layer(
                 outputs,
                 encoder_outputs,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=(
-                    None if self_attention_cache is None else self_attention_cache[index]
-                ),
-                self_attention_cache_update_index=self_attention_cache_update_index,
-                cross_attention_cache=(
-                    None if cross_attention_cache is None else cross_attention_cache[index]
-                ),
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
-            if not isinstance(results, tuple):
-                results = (results,)
-            outputs = results[0]
             if return_attention_scores:
-                scores.append(results[1])
-            if self_attention_cache is not None:
-                caches.append(results[-1])
-        results = [self._finish(outputs)]
+                outputs, layer_scores = outputs
+                scores.append(layer_scores)
+        outputs = self._finish(outputs)
         if return_attention_scores:
-            results.append(ops.stack(scores, axis=1))  # (B, L, H, T, S)
-        if self_attention_cache is not None:
-            results.append(caches)
-        return results[0] if len(results) == 1 else tuple(results)
+            return outputs, ops.stack(scores, axis=1)  # (B, L, H, T, S)
+        return outputs
+
+    def call_with_cache(
+        self,
+        inputs,
+        self_attention_cache,
+        cross_attention_cache,
+        encoder_padding_mask=None,
+        cache_update_index=None,
+    ):
+        """Decodes the positions after those the caches hold (no dropout).
+
+        The caches stand in for the target prefix and the encoder outputs:
+        the result equals the matching positions of `call` on the whole
+        target (tested), at the cost of the new positions alone.
+
+        Args:
+            inputs: `(B, T, D)` embedded target at the new positions (T = 1
+                for one decoding step).
+            self_attention_cache: list of L `(keys, values)` pairs,
+                `(B, H, T_cache, K)` each, from `initial_cache` or the last call.
+            cross_attention_cache: list of L `(keys, values)` pairs,
+                `(B, H, S, K)` each, from `compute_cross_attention_cache`.
+            encoder_padding_mask: bool `(B, S)`, True for real source tokens.
+            cache_update_index: int scalar, position of `inputs[:, 0]` in
+                fixed-size caches; None (the default) appends to growing caches.
+
+        Returns:
+            `(outputs, self_attention_cache)`: `(B, T, D)` and the updated L
+            pairs.
+        """
+        if not self.built:
+            raise ValueError("call_with_cache needs a built Decoder: call it or build() first.")
+        if not len(self_attention_cache) == len(cross_attention_cache) == self.num_layers:
+            raise ValueError(
+                f"call_with_cache takes one (keys, values) pair per layer ({self.num_layers}). "
+                f"Received: {len(self_attention_cache)} self-attention and "
+                f"{len(cross_attention_cache)} cross-attention pairs"
+            )
+        outputs, caches = inputs, []
+        for layer, self_cache, cross_cache in zip(
+            self.stack_layers, self_attention_cache, cross_attention_cache, strict=True
+        ):
+            outputs, self_cache = layer(
+                outputs,
+                None,  # the cross-attention cache holds the encoder outputs' projections
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=cache_update_index,
+                cross_attention_cache=cross_cache,
+            )
+            caches.append(self_cache)
+        return self._finish(outputs), caches

@@ -239,63 +239,48 @@ class Transformer(keras.Model):
             logits = self.output_projection(states)  # (B, T, V)
         return ops.cast(logits, "float32")
 
+    def _embed_target(self, target_ids, start_index=0, training=None):
+        """Int `(B, T)` ids at positions `start_index, ...` -> `(B, T, D)` decoder inputs."""
+        states = self.target_embedding(target_ids)  # (B, T, D)
+        states = self.target_positions(states, start_index=start_index)
+        return self.target_dropout(states, training=training)
+
     def decode(
         self,
         target_ids,
         encoder_outputs,
         source_padding_mask,
-        self_attention_cache=None,
-        cache_update_index=None,
-        cross_attention_cache=None,
         return_attention_scores=False,
         training=None,
     ):
         """Decodes int `(B, T)` target ids against `(B, S, D)` encoder outputs.
 
+        The whole target at once, as in training (teacher forcing); incremental
+        decoding goes through `start_decoding` and `decoding_step`.
+
         Args:
-            target_ids: int `(B, T)`; with a cache, the ids at the positions
-                after those the cache holds.
+            target_ids: int `(B, T)`, `bos_id` first, padded with `pad_id`.
             encoder_outputs: `(B, S, D)` from `encode`.
             source_padding_mask: bool `(B, S)` from `encode`.
-            self_attention_cache: L `(keys, values)` pairs, `(B, H, T_cache, K)`
-                each, or None; see `Decoder.initial_cache`.
-            cache_update_index: int scalar, position of `target_ids[:, 0]` in
-                fixed-size caches; None for growing caches, which are appended
-                to (the position is then the cache's length).
-            cross_attention_cache: L `(keys, values)` pairs, `(B, H, S, K)`
-                each, or None; see `Decoder.compute_cross_attention_cache`.
             return_attention_scores: bool, also return the `(B, L, H, T, S)`
                 encoder-decoder attention probabilities.
             training: bool, whether dropout is active.
 
         Returns:
-            float32 `(B, T, V)` logits; then the attention probabilities if
-            requested; then the updated self-attention cache if one was given.
+            float32 `(B, T, V)` logits; with `return_attention_scores`, a pair
+            of them and the attention probabilities.
         """
-        start_index = cache_update_index
-        if start_index is None:
-            start_index = (
-                0 if self_attention_cache is None else ops.shape(self_attention_cache[0][0])[2]
-            )
-        states = self.target_embedding(target_ids)  # (B, T, D)
-        states = self.target_positions(states, start_index=start_index)
-        states = self.target_dropout(states, training=training)
         results = self.decoder(
-            states,
+            self._embed_target(target_ids, training=training),
             encoder_outputs,
-            decoder_padding_mask=None
-            if self_attention_cache is not None
-            else self.padding_mask(target_ids),
+            decoder_padding_mask=self.padding_mask(target_ids),
             encoder_padding_mask=source_padding_mask,
-            self_attention_cache=self_attention_cache,
-            self_attention_cache_update_index=cache_update_index,
-            cross_attention_cache=cross_attention_cache,
             return_attention_scores=return_attention_scores,
             training=training,
         )
-        if not isinstance(results, tuple):
-            return self._logits(results)
-        return (self._logits(results[0]), *results[1:])
+        if return_attention_scores:
+            return self._logits(results[0]), results[1]
+        return self._logits(results)
 
     def start_decoding(self, source_ids, max_length=0):
         """Encodes sources once and returns the state that `decoding_step` reads.
@@ -345,16 +330,17 @@ class Transformer(keras.Model):
         Returns:
             `(log_probs, state)`: float32 `(R, V)` and the updated state.
         """
-        source = state["source"]
-        logits, cache = self.decode(
-            token_ids[:, None],
-            None,
-            source["padding_mask"],
-            self_attention_cache=state["target"]["self_attention_cache"],
+        source, cache = state["source"], state["target"]["self_attention_cache"]
+        # A growing cache's length is the current position.
+        position = ops.shape(cache[0][0])[2] if index is None else index
+        states, cache = self.decoder.call_with_cache(
+            self._embed_target(token_ids[:, None], start_index=position),
+            cache,
+            source["cross_attention_cache"],
+            encoder_padding_mask=source["padding_mask"],
             cache_update_index=index,
-            cross_attention_cache=source["cross_attention_cache"],
-        )  # (R, 1, V)
-        log_probs = ops.log_softmax(logits[:, 0], axis=-1)  # (R, V)
+        )  # (R, 1, D)
+        log_probs = ops.log_softmax(self._logits(states)[:, 0], axis=-1)  # (R, V)
         return log_probs, {"source": source, "target": {"self_attention_cache": cache}}
 
     def call(self, inputs, training=None):

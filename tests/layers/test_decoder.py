@@ -92,18 +92,33 @@ def test_cached_decoding_equals_full_pass(data, normalize_first, growing):
         (B, H, 0 if growing else T, D // H) * 2
     ] * L
     assert [tuple(k.shape) + tuple(v.shape) for k, v in cross_cache] == [(B, H, S, D // H) * 2] * L
+    # One position, then two at once (a forced prefix), then one.
     steps = []
-    for index in range(T):
-        output, self_cache = decoder(
-            target[:, index : index + 1],
-            source,
+    for start, end in [(0, 1), (1, 3), (3, T)]:
+        output, self_cache = decoder.call_with_cache(
+            target[:, start:end],
+            self_cache,
+            cross_cache,
             encoder_padding_mask=encoder_padding_mask,
-            self_attention_cache=self_cache,
-            self_attention_cache_update_index=None if growing else index,
-            cross_attention_cache=cross_cache,
+            cache_update_index=None if growing else start,
         )
         steps.append(to_numpy(output))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_call_with_cache_needs_a_built_decoder_and_a_cache_pair_per_layer(data):
+    target, source, encoder_padding_mask = data
+    decoder = Decoder(num_layers=L, num_heads=H, intermediate_dim=16)
+    with pytest.raises(ValueError, match="needs a built Decoder"):
+        decoder.call_with_cache(target[:, :1], [], [])
+    decoder(target, source)
+    self_cache = decoder.initial_cache(B)
+    cross_cache = decoder.compute_cross_attention_cache(source)
+    with pytest.raises(
+        ValueError,
+        match="one .keys, values. pair per layer .2.. Received: 2 self-attention and 1 cross",
+    ):
+        decoder.call_with_cache(target[:, :1], self_cache, cross_cache[:1])
 
 
 def test_returns_cross_attention_scores(data):

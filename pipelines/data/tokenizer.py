@@ -17,6 +17,8 @@ from pipelines.errors import DataError
 
 # The ids the Transformer model expects by default (pad_id, bos_id, eos_id).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# The same ids as SentencePiece's trainer options: the vocabulary reserves them.
+_SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
 
 
 def train_sentencepiece(
@@ -60,11 +62,8 @@ def train_sentencepiece(
             split_digits=split_digits,
             input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
             minloglevel=2,
+            **_SPECIAL_IDS,
         )
     except RuntimeError as error:
         raise DataError(f"SentencePiece training failed: {error}") from None

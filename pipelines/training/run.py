@@ -15,7 +15,7 @@ from pipelines.data import batching, corpus, default_corpus, tokenizer
 from pipelines.errors import ConfigError
 from pipelines.evaluation import score, translate
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
-from pipelines.training.trainer import TimeBudget, Trainer
+from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
-def _callbacks(config, out_dir, is_chief, started, schedule):
+def _callbacks(config, out_dir, is_chief, clock, schedule):
     backup_dir = os.path.join(out_dir, "backup")
     if os.path.isdir(backup_dir):
         repair_backup(backup_dir)
@@ -98,11 +98,12 @@ def _callbacks(config, out_dir, is_chief, started, schedule):
         progbar = keras.callbacks.ProgbarLogger() if is_chief else None
         budget = TimeBudget(
             config.max_minutes,
-            started,
+            0.0,
             config.reserve_minutes,
             schedule if config.cooldown else None,
             max_steps=config.steps,
             plan_path=os.path.join(out_dir, "budget.json"),
+            clock=clock,
             progbar=progbar,
         )
         callbacks += [budget] if progbar is None else [progbar, budget]
@@ -226,7 +227,9 @@ def run_training(config):
         train_data,
         steps=config.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.steps_per_epoch,
-        callbacks=_callbacks(config, out_dir, worker == 0, started, schedule),
+        callbacks=_callbacks(
+            config, out_dir, worker == 0, budget_clock(strategy, started), schedule
+        ),
         validation_data=validation_data,
         verbose=1 if worker == 0 else 0,
     )

@@ -437,3 +437,40 @@ class TimeBudget(keras.callbacks.Callback):
             )
             self.stopped_epoch = epoch
             self.model.stop_training = True
+
+
+def budget_clock(strategy, started, clock=time.perf_counter):
+    """Seconds since the run started, as a `TimeBudget` clock: the same on every worker.
+
+    Under MultiWorkerMirroredStrategy each worker starts at its own time;
+    timed on its own clock, each would plan its own number of steps, and the
+    first to stop would leave the others waiting in their next all-reduce.
+    There a reading is the longest any worker has run since its `started`
+    (an all-gather over the replicas, then the maximum), so all workers take
+    the same decisions at the same steps; every worker must read it at the
+    same points, as `TimeBudget` does. Other strategies read `clock` alone.
+    Pass it with `TimeBudget(started=0.0)`.
+
+    Args:
+        strategy: the run's `tf.distribute.Strategy`.
+        started: float, this worker's `clock()` reading at its start.
+        clock: function returning seconds, `time.perf_counter` by default.
+
+    Returns:
+        function of no arguments returning float seconds.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return lambda: clock() - started
+
+    @tf.function
+    def longest(seconds):  # (1,) float64 -> () float64
+        def gather():
+            # The identity places the value on the replica's device: the
+            # gather has no destination for a tensor captured from outside.
+            mine = tf.identity(seconds)
+            return tf.distribute.get_replica_context().all_gather(mine, axis=0)
+
+        gathered = strategy.run(gather)  # (replicas,) on every replica
+        return tf.reduce_max(strategy.experimental_local_results(gathered)[0])
+
+    return lambda: float(longest(tf.constant([clock() - started], tf.float64)))

@@ -125,17 +125,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_workers_train_to_identical_weights(tmp_path):
+def train_on_two_workers(out, *flags, timeout=600):
+    """Runs the train command as two local workers; returns their two logs.
+
+    A worker that has not finished after `timeout` seconds (both wait in an
+    all-reduce when one of them stopped early) fails the test, and both are
+    killed.
+    """
     workers = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    out = tmp_path / "run"
     processes = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        steps = ["--steps", "6", "--steps-per-epoch", "3", "--accumulation-steps", "2"]
-        steps += ["--average-last", "1"]  # compare the trained weights, not an average
-        command = [sys.executable, "-m", "pipelines.train", "--output-dir", str(out), *steps, *TINY]
+        command = [sys.executable, "-m", "pipelines.train", "--output-dir", str(out), *flags, *TINY]
         processes.append(
             subprocess.Popen(
                 command,
@@ -146,15 +148,56 @@ def test_two_workers_train_to_identical_weights(tmp_path):
                 text=True,
             )  # fmt: skip
         )
-    logs = [process.communicate(timeout=600)[0] for process in processes]
+    try:
+        logs = [process.communicate(timeout=timeout)[0] for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        logs = [process.communicate()[0] for process in processes]
+        pytest.fail(f"the workers did not finish in {timeout} s:\n" + "\n".join(logs)[-6000:])
     assert [p.returncode for p in processes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    return logs
+
+
+def assert_same_weights_and_steps(out):
+    """Both workers' final models are identical; returns their result.json files."""
     chief = keras.saving.load_model(out / "model.keras")
     other = keras.saving.load_model(out / "workers" / "worker-1" / "model.keras")
     for a, b in zip(chief.get_weights(), other.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    for worker_out in (out, out / "workers" / "worker-1"):
-        assert json.loads((worker_out / "result.json").read_text())["steps"] == 6
+    results = [
+        json.loads((worker_out / "result.json").read_text())
+        for worker_out in (out, out / "workers" / "worker-1")
+    ]
+    assert results[0]["steps"] == results[1]["steps"]
+    return results
+
+
+@pytest.mark.slow
+def test_two_workers_train_to_identical_weights(tmp_path):
+    out = tmp_path / "run"
+    steps = ["--steps", "6", "--steps-per-epoch", "3", "--accumulation-steps", "2"]
+    # Compare the trained weights, not an average.
+    logs = train_on_two_workers(out, *steps, "--average-last", "1")
+    assert assert_same_weights_and_steps(out)[0]["steps"] == 6
     assert "MultiWorkerMirroredStrategy" in logs[0]
+
+
+@pytest.mark.slow
+def test_two_workers_with_a_time_budget_stop_at_the_same_step(tmp_path):
+    # The workers start apart, and each times the budget from its own start:
+    # their plans agree only if every worker reads the same clock.
+    out = tmp_path / "run"
+    budget = ["--max-minutes", "1", "--set", "reserve_minutes=0.5", "--cooldown", "0.3"]
+    flags = ["--set", "steps=null", "--steps-per-epoch", "5", "--average-last", "1", *budget]
+    train_on_two_workers(out, *flags, timeout=300)
+    results = assert_same_weights_and_steps(out)
+    plans = [
+        json.loads((worker_out / "budget.json").read_text())["total_steps"]
+        for worker_out in (out, out / "workers" / "worker-1")
+    ]
+    assert plans == [results[0]["steps"]] * 2 and results[0]["steps"] >= 10
+    assert results[0]["final_learning_rate"] == results[1]["final_learning_rate"] == 0.0
 
 
 def test_a_run_with_a_budget_ends_inside_it_at_the_end_of_its_schedule(tmp_path, capsys):

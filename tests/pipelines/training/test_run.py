@@ -159,16 +159,17 @@ def train_on_two_workers(out, *flags, timeout=600):
     return logs
 
 
+def worker_outputs(out):
+    """The two workers' output folders: the chief's, then worker 1's."""
+    return out, out / "workers" / "worker-1"
+
+
 def assert_same_weights_and_steps(out):
     """Both workers' final models are identical; returns their result.json files."""
-    chief = keras.saving.load_model(out / "model.keras")
-    other = keras.saving.load_model(out / "workers" / "worker-1" / "model.keras")
+    chief, other = (keras.saving.load_model(d / "model.keras") for d in worker_outputs(out))
     for a, b in zip(chief.get_weights(), other.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
-    results = [
-        json.loads((worker_out / "result.json").read_text())
-        for worker_out in (out, out / "workers" / "worker-1")
-    ]
+    results = [json.loads((d / "result.json").read_text()) for d in worker_outputs(out)]
     assert results[0]["steps"] == results[1]["steps"]
     return results
 
@@ -193,8 +194,7 @@ def test_two_workers_with_a_time_budget_stop_at_the_same_step(tmp_path):
     train_on_two_workers(out, *flags, timeout=300)
     results = assert_same_weights_and_steps(out)
     plans = [
-        json.loads((worker_out / "budget.json").read_text())["total_steps"]
-        for worker_out in (out, out / "workers" / "worker-1")
+        json.loads((d / "budget.json").read_text())["total_steps"] for d in worker_outputs(out)
     ]
     assert plans == [results[0]["steps"]] * 2 and results[0]["steps"] >= 10
     assert results[0]["final_learning_rate"] == results[1]["final_learning_rate"] == 0.0

@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/cpu_training_step.py --multi30k-dir ../shared/data/multi30k \
-        [--batches 24] [--repeats 3] [--variants xla fused_qkv fused_adam keras_attention]
+        [--batches 24] [--repeats 3] [--variants xla fused_adam keras_attention]
 
 Each variant trains the recipe's model (`multi30k`: 4 layers, width 128,
 feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
@@ -14,16 +14,13 @@ feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
   bucket's full row count, so each (source bound, target bound) pair is one
   compiled program. Padding costs compute; compiling costs time once per
   shape;
-- `fused_qkv`: today's step with every self-attention projecting queries,
-  keys and values by one `(D, 3 H K)` kernel (one matrix product instead of
-  three, then a split), `FusedSelfAttention` below;
 - `fused_adam`: today's step with `pipelines.training.optimizers.FusedAdam`
   (one `ResourceApplyAdam` kernel a variable instead of Keras's ~20 ops);
 - `keras_attention`: today's step with attention through
   `keras.ops.dot_product_attention` (which TensorFlow computes as einsums on
   the `(B, T, H, K)` layout with masks materialized at the logits' full
-  shape) instead of `MultiHeadAttention._attend` (heads-first products, the
-  mask broadcast in `where`), the layer's path on TensorFlow.
+  shape) instead of the layer's step-by-step path on TensorFlow (heads-first
+  products, the mask broadcast in `where`): `fused_attention=True`.
 Each repetition times one pass over the same examples per variant,
 alternating which goes first; the rate is real (non-pad) target tokens per
 second, median over repetitions. The compile cost is the first step of each
@@ -46,7 +43,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_dim": 128, "intermediate_dim": 256, "num_heads": 4}
-VARIANTS = ("xla", "fused_qkv", "fused_adam", "keras_attention")
+VARIANTS = ("xla", "fused_adam", "keras_attention")
 
 
 def examples_and_vocabulary(multi30k_dir, work_dir, vocabulary_size, max_length, sentences):
@@ -82,93 +79,28 @@ def batches(examples, batch_tokens, max_length, ratio, fixed):
         yield source, target[:, :-1], target[:, 1:]
 
 
-def fused_self_attention_class():
-    """`MultiHeadAttention` whose self-attention layers fuse the three projections.
-
-    A benchmark variant, not a layer of the package (on an H100 it was no
-    faster; README, "Training on a GPU (JAX backend)"): layers named
-    `self_attention` hold one `qkv` kernel `(D, 3, H, K)` and compute the
-    training-time pass (no cache, no attention maps); every other attention
-    layer is the package's.
-    """
-    import keras
-    from keras import ops
-
-    import keras_transformer as kt
-    from keras_transformer.layers import masks
-    from keras_transformer.layers.attention import _dense_rows
-    from keras_transformer.layers.rows import apply_to_rows
-
-    class FusedSelfAttention(kt.MultiHeadAttention):
-        def build(self, query_shape, value_shape, key_shape=None):
-            if not self.name.endswith("self_attention"):
-                return super().build(query_shape, value_shape, key_shape)
-            heads = (None, 3, self.num_heads, self.key_dim)
-            self._qkv_dense = self._projection("qkv", "btd,dnhk->btnhk", heads, "nhk")
-            self._qkv_dense.build(query_shape)
-            self._output_dense = self._projection(
-                "attention_output", "bthk,hkd->btd", (None, query_shape[-1]), "d"
-            )
-            self._output_dense.build(query_shape[:2] + (self.num_heads, self.key_dim))
-            self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
-
-        def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
-                 attention_mask=None, use_causal_mask=False, return_attention_scores=False,
-                 cache=None, cache_update_index=None, grow_cache=False, training=None):  # fmt: skip
-            if not hasattr(self, "_qkv_dense"):
-                return super().call(
-                    query, value, key, query_mask, value_mask, key_mask, attention_mask,
-                    use_causal_mask, return_attention_scores, cache, cache_update_index,
-                    grow_cache, training,
-                )  # fmt: skip
-            if cache is not None or return_attention_scores or attention_mask is not None:
-                raise ValueError("FusedSelfAttention computes the training pass only")
-            batch, length = ops.shape(query)[0], ops.shape(query)[1]
-            qkv = apply_to_rows(lambda rows: _dense_rows(self._qkv_dense, rows), query)
-            shape = (batch, length, self.num_heads, self.key_dim)
-            states = [ops.reshape(x, shape) for x in ops.split(qkv, 3, axis=-1)]  # (B, T, H, K)
-            causal = masks.causal_mask(length, length, 0) if use_causal_mask else None
-            mask = masks.merge_attention_masks(
-                query_mask=query_mask, key_mask=value_mask, causal=causal
-            )  # (B, T, T)
-            if self._fusable(training):
-                scale = 1.0 / self.key_dim**0.5
-                mask = None if mask is None else ops.expand_dims(mask, 1)
-                outputs = ops.dot_product_attention(*states, mask=mask, scale=scale)
-            else:
-                heads_first = [ops.transpose(x, (0, 2, 1, 3)) for x in states]  # (B, H, T, K)
-                outputs, _ = self._attend(*heads_first, mask, training)
-                outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
-            return apply_to_rows(
-                lambda rows: _dense_rows(self._output_dense, rows), outputs, feature_axes=2
-            )  # (B, T, D)
-
-    return FusedSelfAttention
+def attention_layers(model):
+    """Every `MultiHeadAttention` of a `Transformer`, through its public sublayers."""
+    for stack in (model.encoder, model.decoder):
+        for layer in stack.stack_layers:
+            yield layer.self_attention
+            if hasattr(layer, "cross_attention"):
+                yield layer.cross_attention
 
 
-def make_trainer(
-    vocabulary_size, num_layers, xla=False, fused_qkv=False, fused_adam=False, keras_attention=False
-):
+def make_trainer(vocabulary_size, num_layers, xla=False, fused_adam=False, keras_attention=False):
     import keras
 
     import keras_transformer as kt
-    from keras_transformer.layers import block
     from pipelines.training.optimizers import FusedAdam
     from pipelines.training.trainer import Trainer
 
     keras.utils.set_random_seed(0)
-    package_attention = block.MultiHeadAttention
-    if fused_qkv:
-        block.MultiHeadAttention = fused_self_attention_class()
-    try:
-        model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
-        model.build(((None, None), (None, None)))
-    finally:
-        block.MultiHeadAttention = package_attention
+    model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
+    model.build(((None, None), (None, None)))
     if keras_attention:  # the benchmark's model: no attention dropout, float32
-        for layer in model._flatten_layers():
-            if isinstance(layer, kt.MultiHeadAttention):
-                layer._fusable = lambda training: True
+        for attention in attention_layers(model):
+            attention.fused_attention = True
     adam = FusedAdam if fused_adam else keras.optimizers.Adam
     optimizer = kt.transformer_optimizer(model.hidden_dim, 400, 0.5, optimizer_class=adam)
     return Trainer(model, optimizer, jit_compile=xla)
@@ -243,7 +175,6 @@ def main(argv=None):
     known = {
         "today": (1.1, {}),
         "xla": (args.xla_ratio, {"xla": True}),
-        "fused_qkv": (1.1, {"fused_qkv": True}),
         "fused_adam": (1.1, {"fused_adam": True}),
         "keras_attention": (1.1, {"keras_attention": True}),
     }

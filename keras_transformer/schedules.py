@@ -3,10 +3,12 @@
 import keras
 from keras import ops
 
+from keras_transformer.layers.renames import renamed
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """`lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`.
+    """`lrate = scale * hidden_dim^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`.
 
     Linear warm-up for `warmup_steps`, then decay with the inverse square root
     of the step. `step` counts from 1 as in the paper: the optimizer's
@@ -23,7 +25,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     function reads the value it was traced with.
 
     Args:
-        d_model: int, model size.
+        hidden_dim: int, model size.
         warmup_steps: int, warm-up length (4000 in the paper).
         scale: float, multiplier on the whole schedule (1.0 in the paper).
         total_steps: int or None, the updates of the whole run (with
@@ -38,7 +40,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         float32 scalar learning rate.
 
     Example:
-    >>> schedule = TransformerSchedule(d_model=512)
+    >>> schedule = TransformerSchedule(hidden_dim=512)
     >>> round(float(schedule(3999)), 6)
     0.000699
     >>> cooled = TransformerSchedule(512, total_steps=10000, cooldown=0.2)
@@ -50,9 +52,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         Zhai et al., 2022, "Scaling Vision Transformers", section 3.5.
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None, cooldown=0.0):
-        if d_model <= 0:
-            raise ValueError(f"d_model must be positive. Received: d_model={d_model}")
+    def __init__(self, hidden_dim, warmup_steps=4000, scale=1.0, total_steps=None, cooldown=0.0):
+        if hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be positive. Received: hidden_dim={hidden_dim}")
         if warmup_steps <= 0:
             raise ValueError(
                 f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}"
@@ -63,7 +65,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(
                 f"total_steps must be positive or 0. Received: total_steps={total_steps}"
             )
-        self.d_model = d_model
+        self.hidden_dim = hidden_dim
         self.warmup_steps = warmup_steps
         self.scale = scale
         self.cooldown = cooldown
@@ -99,7 +101,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         step = iteration + 1.0
         rate = (
             self.scale
-            * self.d_model**-0.5
+            * self.hidden_dim**-0.5
             * ops.minimum(ops.rsqrt(step), step * self.warmup_steps**-1.5)
         )
         if self._total_steps is None:
@@ -108,9 +110,13 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         remaining = (total - iteration) / ops.maximum(self.cooldown * total, 1.0)
         return ops.where(total > 0, rate * ops.clip(remaining, 0.0, 1.0), rate)
 
+    @classmethod
+    def from_config(cls, config):
+        return cls(**renamed(config, {"d_model": "hidden_dim"}))
+
     def get_config(self):
         return {
-            "d_model": self.d_model,
+            "hidden_dim": self.hidden_dim,
             "warmup_steps": self.warmup_steps,
             "scale": self.scale,
             "total_steps": self.total_steps,
@@ -119,12 +125,12 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def transformer_optimizer(
-    d_model, warmup_steps=4000, scale=1.0, schedule=None, optimizer_class=None, **kwargs
+    hidden_dim, warmup_steps=4000, scale=1.0, schedule=None, optimizer_class=None, **kwargs
 ):
     """Adam with beta_1=0.9, beta_2=0.98, epsilon=1e-9 on `TransformerSchedule`.
 
     Args:
-        d_model: int, model size.
+        hidden_dim: int, model size.
         warmup_steps: int, warm-up steps of the schedule.
         scale: float, multiplier on the schedule.
         schedule: a `TransformerSchedule` (with a cooldown, say) used instead
@@ -140,5 +146,5 @@ def transformer_optimizer(
         Vaswani et al., 2017, section 5.3.
     """
     options = {"beta_1": 0.9, "beta_2": 0.98, "epsilon": 1e-9, **kwargs}
-    schedule = schedule or TransformerSchedule(d_model, warmup_steps, scale)
+    schedule = schedule or TransformerSchedule(hidden_dim, warmup_steps, scale)
     return (optimizer_class or keras.optimizers.Adam)(learning_rate=schedule, **options)

@@ -143,7 +143,7 @@ class BigramModel:
     def padding_mask(self, ids):
         return keras.ops.not_equal(ids, PAD)
 
-    def start_decoding(self, source_ids, max_length=0):
+    def start_decoding(self, source_ids, cache_length=0):
         rows = keras.ops.shape(source_ids)[0]
         return {"source": {"rows": keras.ops.zeros((rows,))}, "target": {}}
 

@@ -41,12 +41,11 @@ def test_get_config_has_every_constructor_argument(cls):
     ]
     required = {
         "vocabulary_size": 11,
-        "embedding_dim": 4,
+        "hidden_dim": 4,
         "num_heads": 2,
         "key_dim": 2,
         "intermediate_dim": 8,
         "num_layers": 1,
-        "d_model": 8,
     }
     instance = cls(**{name: required[name] for name in parameters if name in required})
     config = instance.get_config()
@@ -122,3 +121,45 @@ def test_modules_and_functions_stay_small(package):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > 80:
                 too_long.append(f"{path.name}: {node.name} has {_code_lines(node)} lines")
     assert not too_long
+
+
+def _private_attribute_reads(path):
+    """`obj._name` reads (and `getattr(obj, "_name...")`) where `obj` is not `self` or `cls`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.JoinedStr) and name.values:
+                name = name.values[0]
+            if isinstance(name, ast.Constant) and str(name.value).startswith("_"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: getattr {name.value!r}")
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_package_reads_private_attributes():
+    """pipelines/ and benchmarks/ use the layers' public surface only."""
+    paths = [p for folder in ("pipelines", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    offenders = [line for path in sorted(paths) for line in _private_attribute_reads(path)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_scan_finds_a_private_read(tmp_path):
+    path = ROOT / "tests" / "_scan_probe.py"
+    try:
+        path.write_text(
+            "def f(layer, self, n):\n"
+            "    return layer._query_dense, self._ok, getattr(layer, f'_{n}_dense')\n"
+        )
+        assert _private_attribute_reads(path) == [
+            "tests/_scan_probe.py:2: ._query_dense",
+            "tests/_scan_probe.py:2: getattr '_'",
+        ]
+    finally:
+        path.unlink()

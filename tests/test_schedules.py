@@ -5,13 +5,13 @@ import pytest
 from keras_transformer import TransformerSchedule, transformer_optimizer
 
 
-def eq_3(step_num, d_model, warmup_steps):
-    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
+def eq_3(step_num, hidden_dim, warmup_steps):
+    return hidden_dim**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
 
 
 @pytest.mark.parametrize("iteration", [0, 1, 99, 3999, 4000, 10000, 100000])
 def test_equals_eq_3(iteration):
-    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
+    schedule = TransformerSchedule(hidden_dim=512, warmup_steps=4000)
     # The optimizer counts iterations from 0; the paper counts steps from 1.
     np.testing.assert_allclose(
         float(schedule(iteration)), eq_3(iteration + 1, 512, 4000), rtol=1e-6
@@ -19,14 +19,14 @@ def test_equals_eq_3(iteration):
 
 
 def test_peaks_at_the_end_of_warmup_and_scales():
-    schedule = TransformerSchedule(d_model=256, warmup_steps=100, scale=2.0)
+    schedule = TransformerSchedule(hidden_dim=256, warmup_steps=100, scale=2.0)
     rates = [float(schedule(i)) for i in range(300)]
     assert int(np.argmax(rates)) == 99
     np.testing.assert_allclose(rates[99], 2.0 * 256**-0.5 * 100**-0.5, rtol=1e-6)
 
 
 def test_serializable():
-    schedule = TransformerSchedule(d_model=128, warmup_steps=10, scale=0.5)
+    schedule = TransformerSchedule(hidden_dim=128, warmup_steps=10, scale=0.5)
     revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
     assert revived.get_config() == schedule.get_config()
     assert float(revived(5)) == float(schedule(5))
@@ -49,7 +49,7 @@ def test_optimizer_uses_the_paper_adam_settings():
 
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="warmup_steps=0"):
-        TransformerSchedule(d_model=8, warmup_steps=0)
+        TransformerSchedule(hidden_dim=8, warmup_steps=0)
 
 
 @pytest.mark.parametrize("iteration", [0, 399, 799, 800, 900, 999, 1000, 1200])

@@ -27,17 +27,29 @@ produced.
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.steps import (
+    IMPOSSIBLE,
     CachedSteps,
     RecomputedSteps,
+    SearchSetup,
+    ban_special_tokens,
+    gather_rows,
     length_penalty,
+    prepare_search,
     score_hypotheses,
+    write_column,
 )
 
 __all__ = [
+    "IMPOSSIBLE",
     "CachedSteps",
     "RecomputedSteps",
+    "SearchSetup",
+    "ban_special_tokens",
     "beam_search",
+    "gather_rows",
     "greedy_search",
     "length_penalty",
+    "prepare_search",
     "score_hypotheses",
+    "write_column",
 ]

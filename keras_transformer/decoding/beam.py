@@ -3,12 +3,12 @@
 from keras import ops
 
 from keras_transformer.decoding.steps import (
-    _IMPOSSIBLE,
-    _ban_special_tokens,
-    _prepare,
-    _take,
-    _write_column,
+    IMPOSSIBLE,
+    ban_special_tokens,
+    gather_rows,
     length_penalty,
+    prepare_search,
+    write_column,
 )
 
 
@@ -36,7 +36,7 @@ def _top_k(values, k, block_size=64):
     )
     padding = blocks * block_size - size
     if not isinstance(padding, int) or padding:
-        values = ops.pad(values, [[0, 0], [0, padding]], constant_values=2 * _IMPOSSIBLE)
+        values = ops.pad(values, [[0, 0], [0, padding]], constant_values=2 * IMPOSSIBLE)
     values = ops.reshape(values, (-1, blocks, block_size))  # (R, blocks, block)
     block_count = (
         min(k, blocks) if isinstance(k, int) and isinstance(blocks, int) else ops.minimum(k, blocks)
@@ -98,10 +98,10 @@ def _finish(finished, index, candidates, open_, alpha, beam_size):
     finished_tokens, finished_scores = finished
     tokens, log_probs, ending = candidates
     in_beam = (ops.arange(2 * beam_size) < beam_size)[None]  # (1, 2K)
-    finishing = in_beam & ending & open_ & (log_probs > _IMPOSSIBLE / 2)
+    finishing = in_beam & ending & open_ & (log_probs > IMPOSSIBLE / 2)
     new_scores = log_probs / length_penalty(index + 1, alpha)  # (n, 2K)
     pooled = ops.concatenate(
-        [finished_scores, ops.where(finishing, new_scores, _IMPOSSIBLE)], axis=1
+        [finished_scores, ops.where(finishing, new_scores, IMPOSSIBLE)], axis=1
     )  # (n, 3K)
     finished_scores, keep = ops.top_k(pooled, beam_size)  # (n, K)
     finished_tokens = _take_rows(ops.concatenate([finished_tokens, tokens], axis=1), keep)
@@ -121,7 +121,7 @@ def _keep_alive(candidates, beam_size):
         `((tokens (n, K, T), log_probs (n, K), ids (n, K)), parents (n, K))`.
     """
     tokens, log_probs, ids, origins, ends = candidates
-    log_probs, keep = ops.top_k(ops.where(ends, _IMPOSSIBLE, log_probs), beam_size)
+    log_probs, keep = ops.top_k(ops.where(ends, IMPOSSIBLE, log_probs), beam_size)
     alive = (_take_rows(tokens, keep), log_probs, ops.take_along_axis(ids, keep, axis=1))
     return alive, ops.take_along_axis(origins, keep, axis=1)
 
@@ -137,11 +137,11 @@ def _settled(finished_scores, alive_log_probs, ends, index, alpha, num_hypothese
     `num_hypotheses` have finished (CTranslate2's rule).
     """
     if early_stop:
-        count = ops.sum(ops.cast(finished_scores > _IMPOSSIBLE / 2, "int32"), axis=1)
+        count = ops.sum(ops.cast(finished_scores > IMPOSSIBLE / 2, "int32"), axis=1)
         return ends[:, 0] & (count >= num_hypotheses)
     worst_finished = finished_scores[:, -1]  # scores are sorted, best first
     best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
-    return (worst_finished > _IMPOSSIBLE / 2) & (worst_finished >= best_alive)
+    return (worst_finished > IMPOSSIBLE / 2) & (worst_finished >= best_alive)
 
 
 def _check_sizes(beam_size, num_hypotheses):
@@ -166,16 +166,16 @@ def _initial_beams(model, sentences, batch_size, width, beam_size, num_hypothese
     def hypotheses(fill, dtype):
         return ops.full((rows, beam_size, width), fill, dtype=dtype)
 
-    first = ops.where(ops.arange(beam_size) == 0, 0.0, _IMPOSSIBLE)
+    first = ops.where(ops.arange(beam_size) == 0, 0.0, IMPOSSIBLE)
     alive = (
         hypotheses(model.pad_id, "int32"),
         ops.zeros((rows, 1)) + first[None],
         ops.full((rows, beam_size), model.bos_id, dtype="int32"),
     )
-    finished = (hypotheses(model.pad_id, "int32"), ops.full((rows, beam_size), _IMPOSSIBLE))
+    finished = (hypotheses(model.pad_id, "int32"), ops.full((rows, beam_size), IMPOSSIBLE))
     outputs = (
         ops.full((batch_size, num_hypotheses, width), model.pad_id, dtype="int32"),
-        ops.full((batch_size, num_hypotheses), _IMPOSSIBLE),
+        ops.full((batch_size, num_hypotheses), IMPOSSIBLE),
     )
     return alive, finished, outputs
 
@@ -186,7 +186,7 @@ def beam_search(
     beam_size=4,
     alpha=0.6,
     num_hypotheses=1,
-    max_length=None,
+    max_output_length=None,
     extra_length=50,
     use_cache=True,
     static_shapes=None,
@@ -213,9 +213,9 @@ def beam_search(
         alpha: float, length penalty exponent (0.6 in section 6.1).
         num_hypotheses: int, hypotheses returned per sentence, at most
             `beam_size`.
-        max_length: int or None, the most target tokens for every sentence.
+        max_output_length: int or None, the most target tokens for every sentence.
             Defaults to each sentence's source length plus `extra_length`.
-        extra_length: int, see `max_length`.
+        extra_length: int, see `max_output_length`.
         use_cache: bool, read earlier steps from the key/value cache instead
             of recomputing the prefix.
         static_shapes: bool or None, see `greedy_search`.
@@ -244,8 +244,8 @@ def beam_search(
     _check_sizes(beam_size, num_hypotheses)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = ops.shape(source_ids)[0]
-    limits, width, steps, state, sentences, static = _prepare(
-        model, source_ids, max_length, extra_length, use_cache, static_shapes
+    limits, width, steps, state, sentences, static = prepare_search(
+        model, source_ids, max_output_length, extra_length, use_cache, static_shapes
     )
     beams = ops.arange(beam_size)
 
@@ -263,9 +263,9 @@ def beam_search(
         log_probs, state = steps.step(
             ops.reshape(alive_ids, (-1,)), state, index if static else None
         )  # (n * K, V)
-        log_probs = _ban_special_tokens(model, log_probs)
+        log_probs = ban_special_tokens(model, log_probs)
         top_log_probs, origins, new_ids = _expand(alive_log_probs, log_probs, beam_size)
-        extended = _write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
+        extended = write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
         ends = ops.equal(new_ids, model.eos_id)  # (n, 2K)
         at_limit = (index + 1 >= ops.take(limits, sentences))[:, None]  # (n, 1)
         open_ = ops.logical_not(done)[:, None]
@@ -281,7 +281,7 @@ def beam_search(
         )
         # Each live hypothesis continues its parent's self-attention cache.
         parent_rows = rows_of(ops.arange(ops.shape(parents)[0]), parents)  # (n * K,)
-        state = {"source": state["source"], "target": _take(state["target"], parent_rows)}
+        state = {"source": state["source"], "target": gather_rows(state["target"], parent_rows)}
         if not static:
             sentences, alive, finished, done, state = _drop_done(
                 done, (sentences, alive, finished, done), state, rows_of
@@ -291,7 +291,7 @@ def beam_search(
     alive, finished, outputs = _initial_beams(
         model, sentences, batch_size, width, beam_size, num_hypotheses
     )
-    state = _take(state, ops.repeat(sentences, beam_size))  # (n * K) rows
+    state = gather_rows(state, ops.repeat(sentences, beam_size))  # (n * K) rows
     done = ops.zeros_like(sentences, dtype="bool")
     loop_vars = (ops.convert_to_tensor(0, "int32"), sentences, alive, state, finished, done)
     return ops.while_loop(condition, body, loop_vars + (outputs,))[-1]
@@ -306,6 +306,6 @@ def _drop_done(done, per_sentence, state, rows_of):
 
     def drop():
         keep = ops.nonzero(ops.logical_not(done))[0]  # (n',)
-        return (*_take(per_sentence, keep), _take(state, rows_of(keep)))
+        return (*gather_rows(per_sentence, keep), gather_rows(state, rows_of(keep)))
 
     return ops.cond(ops.any(done), drop, lambda: (*per_sentence, state))

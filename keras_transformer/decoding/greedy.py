@@ -3,17 +3,17 @@
 from keras import ops
 
 from keras_transformer.decoding.steps import (
-    _ban_special_tokens,
-    _prepare,
-    _take,
+    ban_special_tokens,
+    gather_rows,
     length_penalty,
+    prepare_search,
 )
 
 
 def greedy_search(
     model,
     source_ids,
-    max_length=None,
+    max_output_length=None,
     extra_length=50,
     alpha=0.0,
     use_cache=True,
@@ -27,9 +27,9 @@ def greedy_search(
             `decoding_step` (and, for `use_cache=False`, `encode`, `decode`),
             `padding_mask`, `pad_id`, `bos_id` and `eos_id`.
         source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
-        max_length: int or None, the most target tokens for every sentence.
+        max_output_length: int or None, the most target tokens for every sentence.
             Defaults to each sentence's source length plus `extra_length`.
-        extra_length: int, see `max_length` (50 in section 6.1).
+        extra_length: int, see `max_output_length` (50 in section 6.1).
         alpha: float, length penalty exponent used for the returned scores
             only (greedy choices do not depend on it).
         use_cache: bool, read earlier steps from the key/value cache instead
@@ -39,7 +39,7 @@ def greedy_search(
             static shapes on JAX only.
 
     Returns:
-        int32 `(B, T)` token ids, `T = max_length` or `S + extra_length`:
+        int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
         each row ends with `model.eos_id` (when produced) followed by
         `model.pad_id`. With `return_scores`, also
         float32 `(B,)` log-probabilities divided by `length_penalty`.
@@ -57,11 +57,11 @@ def greedy_search(
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = ops.shape(source_ids)[0]
-    limits, width, steps, state, rows, static = _prepare(
-        model, source_ids, max_length, extra_length, use_cache, static_shapes
+    limits, width, steps, state, rows, static = prepare_search(
+        model, source_ids, max_output_length, extra_length, use_cache, static_shapes
     )
     if not static:
-        state = _take(state, rows)  # rows of a traced size, so they may leave
+        state = gather_rows(state, rows)  # rows of a traced size, so they may leave
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
     lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
@@ -76,7 +76,7 @@ def greedy_search(
         # `rows` (R,) are the sentences of the rows still decoding; under
         # static shapes they are all sentences and `live` marks the unfinished.
         log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
-        log_probs = _ban_special_tokens(model, log_probs)
+        log_probs = ban_special_tokens(model, log_probs)
         next_ids = ops.where(live, ops.cast(ops.argmax(log_probs, axis=-1), "int32"), model.pad_id)
         row_totals = ops.take(totals, rows) + ops.where(live, ops.max(log_probs, axis=-1), 0.0)
         row_lengths = ops.take(lengths, rows) + ops.cast(live, "int32")
@@ -103,6 +103,6 @@ def _drop_finished(live, tree):
     """Keeps the rows of `tree` where `live` `(R,)` is True, if any row ended."""
 
     def drop():
-        return _take(tree, ops.nonzero(live)[0])
+        return gather_rows(tree, ops.nonzero(live)[0])
 
     return ops.cond(ops.all(live), lambda: tree, drop)

@@ -1,10 +1,18 @@
-"""What both searches share: the decoding steps, the length penalty, row bookkeeping."""
+"""What the searches share: decoding steps, the length penalty, row bookkeeping.
+
+Public so that a search of your own (sampling, constrained decoding) can be
+built from the same pieces as `greedy_search` and `beam_search`:
+`prepare_search` sets a search up and returns a `SearchSetup`; `gather_rows`,
+`write_column` and `ban_special_tokens` are the bookkeeping every step does.
+"""
+
+import collections
 
 import keras
 from keras import ops
 
 # Log-probability of an impossible hypothesis; finite so sums stay finite.
-_IMPOSSIBLE = -1e9
+IMPOSSIBLE = -1e9
 
 
 def length_penalty(length, alpha):
@@ -30,8 +38,8 @@ class CachedSteps:
     def __init__(self, model):
         self.model = model
 
-    def start(self, source_ids, max_length):
-        return self.model.start_decoding(source_ids, max_length)
+    def start(self, source_ids, cache_length):
+        return self.model.start_decoding(source_ids, cache_length)
 
     def step(self, token_ids, state, index):
         return self.model.decoding_step(token_ids, state, index)
@@ -41,17 +49,17 @@ class RecomputedSteps:
     """The reference decoder: runs the whole prefix through the model every step.
 
     Its state is the encoder output and the prefix decoded so far, a growing
-    `(R, t)` tensor, or with `index` a fixed `(R, max_length)` buffer of which
+    `(R, t)` tensor, or with `index` a fixed `(R, cache_length)` buffer of which
     the decoder runs every position and the step reads one.
     """
 
     def __init__(self, model):
         self.model = model
 
-    def start(self, source_ids, max_length):
+    def start(self, source_ids, cache_length):
         encoder_outputs, padding_mask = self.model.encode(source_ids)
         rows = ops.shape(source_ids)[0]
-        prefix = ops.full((rows, max_length), self.model.pad_id, dtype="int32")
+        prefix = ops.full((rows, cache_length), self.model.pad_id, dtype="int32")
         return {
             "source": {"encoder_outputs": encoder_outputs, "padding_mask": padding_mask},
             "target": {"prefix": prefix},
@@ -63,7 +71,7 @@ class RecomputedSteps:
             prefix = ops.concatenate([prefix, token_ids[:, None]], axis=1)  # (R, t + 1)
             position = ops.shape(prefix)[1] - 1
         else:
-            prefix = _write_column(prefix, index, token_ids)  # (R, max_length)
+            prefix = write_column(prefix, index, token_ids)  # (R, cache_length)
             position = index
         logits = self.model.decode(prefix, source["encoder_outputs"], source["padding_mask"])
         logits = ops.take(logits, position, axis=1)  # (R, V)
@@ -71,8 +79,16 @@ class RecomputedSteps:
         return log_probs, {"source": source, "target": {"prefix": prefix}}
 
 
-def _take(tree, rows):
-    """Rows `(R',)` of every tensor in a nested structure."""
+def gather_rows(tree, rows):
+    """Rows `(R',)` of every tensor in a nested structure.
+
+    Args:
+        tree: nested structure of tensors `(R, ...)`.
+        rows: int `(R',)` row indices.
+
+    Returns:
+        the same structure of `(R', ...)` tensors.
+    """
     return keras.tree.map_structure(lambda tensor: ops.take(tensor, rows, axis=0), tree)
 
 
@@ -87,29 +103,57 @@ def _traced_zero(source_ids):
     return ops.sum(ops.cast(ops.not_equal(corner, corner), "int32"))
 
 
-def _write_column(tokens, index, ids):
-    """Sets `tokens[..., index] = ids`. `where`, not `ops.slice_update`, which
-    TensorFlow lowers to XlaDynamicUpdateSlice, an op TF Serving runs only
-    with XLA compilation enabled."""
+def write_column(tokens, index, ids):
+    """`tokens` `(R, T)` with column `index` set to `ids` `(R,)`.
+
+    `where`, not `ops.slice_update`, which TensorFlow lowers to
+    XlaDynamicUpdateSlice, an op TF Serving runs only with XLA compilation
+    enabled.
+    """
     column = ops.arange(ops.shape(tokens)[-1]) == index  # (T,)
     return ops.where(column, ops.expand_dims(ids, -1), tokens)
 
 
-def _ban_special_tokens(model, log_probs):
-    """`(R, V)` log-probabilities with `pad_id` and `bos_id` made impossible."""
+def ban_special_tokens(model, log_probs):
+    """`(R, V)` log-probabilities with `model.pad_id` and `model.bos_id` made impossible."""
     ids = ops.arange(ops.shape(log_probs)[-1])
     banned = ops.equal(ids, model.pad_id) | ops.equal(ids, model.bos_id)  # (V,)
-    return ops.where(banned, _IMPOSSIBLE, log_probs)
+    return ops.where(banned, IMPOSSIBLE, log_probs)
 
 
-def _prepare(model, source_ids, max_length, extra_length, use_cache, static_shapes):
-    """Limits, buffer width, stepper, initial state and live rows of a search.
+SearchSetup = collections.namedtuple(
+    "SearchSetup", ["limits", "width", "steps", "state", "rows", "static"]
+)
+SearchSetup.__doc__ = """What `prepare_search` returns.
 
-    Returns `(limits, width, steps, state, sentences, static)`: int `(B,)`
-    per-sentence limits; the output width `T`, as wide as the longest possible
-    output (`S + extra_length` for a padded width `S`, static wherever `S` is);
-    the stepper; its state for the `B` sentences; int `(B,)` sentence ids of
-    the rows; and whether shapes stay static.
+Fields:
+    limits: int `(B,)`, the most tokens each sentence may produce.
+    width: int, the output width `T`, as wide as the longest possible output
+        (`S + extra_length` for a padded width `S`, static wherever `S` is).
+    steps: the stepper (`CachedSteps` or `RecomputedSteps`).
+    state: its decoder state for the `B` sentences.
+    rows: int32 `(B,)` sentence ids of the rows.
+    static: bool, whether shapes stay static (fixed-size caches, finished rows
+        kept) or rows may leave the batch as they finish.
+"""
+
+
+def prepare_search(
+    model, source_ids, max_output_length=None, extra_length=50, use_cache=True, static_shapes=None
+):
+    """Sets a search up: output limits, stepper, initial state and rows.
+
+    Args:
+        model: a built `Transformer` (see `greedy_search`).
+        source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
+        max_output_length: int or None, the most target tokens for every
+            sentence; defaults to each source's length plus `extra_length`.
+        extra_length: int, see `max_output_length`.
+        use_cache: bool, `CachedSteps` (True) or `RecomputedSteps`.
+        static_shapes: bool or None; None chooses static shapes on JAX only.
+
+    Returns:
+        a `SearchSetup`.
     """
     on_jax = keras.backend.backend() == "jax"
     if on_jax and static_shapes is False:
@@ -119,21 +163,21 @@ def _prepare(model, source_ids, max_length, extra_length, use_cache, static_shap
         )
     static = on_jax if static_shapes is None else static_shapes
     batch_size = ops.shape(source_ids)[0]
-    if max_length is not None:
-        limits = ops.full((batch_size,), max_length, dtype="int32")
-        width = max_length
+    if max_output_length is not None:
+        limits = ops.full((batch_size,), max_output_length, dtype="int32")
+        width = max_output_length
     else:
         lengths = ops.sum(ops.cast(model.padding_mask(source_ids), "int32"), axis=1)  # (B,)
         limits, width = lengths + extra_length, ops.shape(source_ids)[1] + extra_length
     steps = CachedSteps(model) if use_cache else RecomputedSteps(model)
     if static:
         state = steps.start(source_ids, width)
-        sentences = ops.arange(batch_size, dtype="int32")
+        rows = ops.arange(batch_size, dtype="int32")
     else:  # caches that grow, batches that shrink
         zero = _traced_zero(source_ids)
         state = steps.start(source_ids, zero)
-        sentences = ops.arange(batch_size + zero, dtype="int32")
-    return limits, width, steps, state, sentences, static
+        rows = ops.arange(batch_size + zero, dtype="int32")
+    return SearchSetup(limits, width, steps, state, rows, static)
 
 
 def score_hypotheses(model, source_ids, target_ids, alpha=0.0):

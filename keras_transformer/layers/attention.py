@@ -14,6 +14,18 @@ from keras_transformer.layers.rows import apply_to_rows
 _MASK_LOGIT = -1e9
 
 
+def _softmax(logits):
+    """`ops.softmax` over the last axis, also over a single key.
+
+    A decoding step's first self-attention attends one key; `ops.softmax`
+    warns on an axis of size 1 (a common mistake elsewhere, correct here), so
+    that case is written out: its probability is exactly 1.
+    """
+    if logits.shape[-1] == 1:
+        return ops.ones_like(logits)
+    return ops.softmax(logits, axis=-1)
+
+
 def _write_steps(cache, steps, index):
     """Writes `(B, H, T, K)` steps into a fixed-size `(B, H, S, K)` cache at `index`.
 
@@ -87,21 +99,19 @@ class MultiHeadAttention(keras.layers.Layer):
     `attention_mask` give identical results. Logits and softmax are computed in
     float32 under mixed precision.
 
-    Caching: `cache` is a pair `(keys, values)` of `(B, H, S, K)` tensors, heads
-    first so that attention multiplies them without a transpose. Three uses:
-    - read only (neither `cache_update_index` nor `grow_cache`): the cache is
-      attended as it is (encoder-decoder attention, whose keys and values
-      `compute_cache` projects once);
-    - growing (`grow_cache=True`): the keys and values of the current `query`
-      steps are appended, so the cache holds exactly the positions decoded so
-      far and a step costs what its prefix needs (dynamic shapes: eager
-      execution, TensorFlow graphs);
-    - fixed-size (`cache_update_index=i`): they are written at positions
-      `i, i + 1, ...` of a buffer as long as the longest output, and later
-      positions are masked (static shapes, as XLA and `jax.jit` need).
-    With self-attention the causal mask accounts for the offset. When a cache is
-    given, key and value Keras masks are not used: pass `attention_mask` for
-    cross-attention padding.
+    Caching, for incremental decoding: a cache is a pair `(keys, values)` of
+    `(B, H, S, K)` tensors, heads first so that attention multiplies them
+    without a transpose.
+    - `call_with_cache` is self-attention over a cache: the keys and values of
+      the `query` steps are added to it and the result attends the whole
+      cache. With `cache_update_index=None` they are appended (a growing cache
+      that holds exactly the positions decoded so far: dynamic shapes, as
+      eager execution and TensorFlow graphs allow); with `cache_update_index=i`
+      they are written at positions `i, i + 1, ...` of a buffer as long as the
+      longest output, and later positions are masked (static shapes, as XLA
+      and `jax.jit` need). It returns `(outputs, cache)`.
+    - `attend_cached` attends keys and values projected once by
+      `compute_cache` (encoder-decoder attention), leaving them unchanged.
 
     Args:
         num_heads: int, number of attention heads `h`.
@@ -112,6 +122,9 @@ class MultiHeadAttention(keras.layers.Layer):
         output_dim: int, size of the output. Defaults to the query's size.
         kernel_initializer: initializer for the projection kernels.
         bias_initializer: initializer for the projection biases.
+        fused_attention: bool or None, whether `call` uses
+            `ops.dot_product_attention`; None (the default) where the backend
+            has a fused kernel (JAX, PyTorch). See `uses_fused_attention`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -124,15 +137,11 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: bool, mask future keys (decoder self-attention).
         return_attention_scores: bool, also return the `(B, H, T, S)`
             attention probabilities.
-        cache: `(keys, values)`, each `(B, H, S, K)`, see above.
-        cache_update_index: int scalar, position of `query[:, 0]` in a
-            fixed-size cache.
-        grow_cache: bool, append the current steps to the cache.
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, D)` output; then the attention probabilities if requested; then
-        the updated cache if a cache was given.
+        `(B, T, D)` output, or with `return_attention_scores` a pair of it and
+        the `(B, H, T, S)` probabilities (as `keras.layers.MultiHeadAttention`).
 
     Example:
     >>> layer = MultiHeadAttention(num_heads=2, key_dim=4)
@@ -154,6 +163,7 @@ class MultiHeadAttention(keras.layers.Layer):
         output_dim=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        fused_attention=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -173,6 +183,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dim = output_dim
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.fused_attention = fused_attention
         self.supports_masking = True
 
     def _projection(self, name, equation, output_shape, bias_axes):
@@ -208,6 +219,26 @@ class MultiHeadAttention(keras.layers.Layer):
         self._output_dense.build((query_shape[0], query_shape[1], self.num_heads, value_dim))
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
+    @property
+    def query_dense(self):
+        """The query projection, an `EinsumDense` with a `(D, H, K)` kernel."""
+        return self._query_dense
+
+    @property
+    def key_dense(self):
+        """The key projection, an `EinsumDense` with a `(D, H, K)` kernel."""
+        return self._key_dense
+
+    @property
+    def value_dense(self):
+        """The value projection, an `EinsumDense` with a `(D, H, K_v)` kernel."""
+        return self._value_dense
+
+    @property
+    def output_dense(self):
+        """The output projection, an `EinsumDense` with a `(H, K_v, D)` kernel."""
+        return self._output_dense
+
     def compute_cache(self, value, key=None):
         """Projects keys and values once, for encoder-decoder attention.
 
@@ -216,8 +247,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key: `(B, S, D)` keys. Defaults to `value`.
 
         Returns:
-            `(keys, values)`, `(B, H, S, K)` each, to pass as a read-only
-            `cache`.
+            `(keys, values)`, `(B, H, S, K)` each, for `attend_cached`.
         """
         key = value if key is None else key
         keys, values = _project(self._key_dense, key), _project(self._value_dense, value)
@@ -234,47 +264,22 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask=None,
         use_causal_mask=False,
         return_attention_scores=False,
-        cache=None,
-        cache_update_index=None,
-        grow_cache=False,
         training=None,
     ):
-        if grow_cache and cache_update_index is not None:
-            raise ValueError(
-                "Pass cache_update_index (fixed-size cache) or grow_cache=True (growing "
-                f"cache), not both. Received: cache_update_index={cache_update_index}"
-            )
         key = value if key is None else key
         # Full-sequence attention without probabilities to return runs as one
-        # fused kernel on (B, T, H, K) states; cached decoding and attention
-        # maps attend step by step on (B, H, T, K) states.
-        fused = cache is None and not return_attention_scores and self._fusable(training)
+        # fused kernel on (B, T, H, K) states; attention maps attend step by
+        # step on (B, H, T, K) states.
+        fused = not return_attention_scores and self.uses_fused_attention(training)
         query_states = _project(self._query_dense, query)  # (B, T, H, K)
-        read_only_cache = cache is not None and not grow_cache and cache_update_index is None
-        if not read_only_cache:
-            key_states = _project(self._key_dense, key)  # (B, S, H, K)
-            value_states = _project(self._value_dense, value)
-            if not fused:
-                key_states, value_states = _heads_first(key_states), _heads_first(value_states)
-        if not fused:
-            query_states = _heads_first(query_states)  # (B, H, T, K)
-        start_index = 0 if cache is None or cache_update_index is None else cache_update_index
-        if cache is not None:
-            key_mask = value_mask = None
-            start_index = ops.shape(cache[0])[2] if grow_cache else start_index
-            if not read_only_cache:
-                cache = _update_cache(cache, key_states, value_states, start_index, grow_cache)
-            key_states, value_states = cache  # (B, H, S, K)
-
-        key_padding = key_mask if key_mask is not None else value_mask
+        key_states = _project(self._key_dense, key)  # (B, S, H, K)
+        value_states = _project(self._value_dense, value)
         causal = None
         if use_causal_mask:
-            query_length = ops.shape(query)[1]
-            key_length = ops.shape(key)[1] if cache is None else ops.shape(key_states)[2]
-            causal = masks.causal_mask(query_length, key_length, start_index)
+            causal = masks.causal_mask(ops.shape(query)[1], ops.shape(key)[1], 0)
         mask = masks.merge_attention_masks(
             query_mask=query_mask,
-            key_mask=key_padding,
+            key_mask=key_mask if key_mask is not None else value_mask,
             attention_mask=attention_mask,
             causal=causal,
         )
@@ -286,37 +291,115 @@ class MultiHeadAttention(keras.layers.Layer):
                 mask=None if mask is None else ops.expand_dims(mask, 1),  # (B, 1, T, S)
                 scale=1.0 / math.sqrt(self.key_dim),
             )  # (B, T, H, K)
-        else:
-            outputs, probabilities = self._attend(
-                query_states, key_states, value_states, mask, training
-            )
-            outputs = ops.transpose(outputs, (0, 2, 1, 3))  # (B, T, H, K)
-        outputs = apply_to_rows(
+            return self._output_projection(outputs)
+        outputs, probabilities = self._attend(
+            _heads_first(query_states),
+            _heads_first(key_states),
+            _heads_first(value_states),
+            mask,
+            training,
+        )
+        outputs = self._output_projection(ops.transpose(outputs, (0, 2, 1, 3)))
+        return (outputs, probabilities) if return_attention_scores else outputs
+
+    def call_with_cache(
+        self,
+        query,
+        cache,
+        cache_update_index=None,
+        query_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        training=None,
+    ):
+        """Self-attention of the `query` steps over a cache they extend.
+
+        Args:
+            query: `(B, T, D)`, the positions after those the cache holds (T = 1
+                for one decoding step); they are also the keys and values.
+            cache: `(keys, values)`, `(B, H, S, K)` each.
+            cache_update_index: int scalar, position of `query[:, 0]` in a
+                fixed-size cache; None (the default) appends to a growing one.
+            query_mask: bool `(B, T)`.
+            attention_mask: bool `(B, T, S')`, S' the cache's length after the
+                update.
+            use_causal_mask: bool, mask keys after each query's position.
+            training: bool, whether dropout is active.
+
+        Returns:
+            `(outputs, cache)`: `(B, T, D)` and the updated `(keys, values)`.
+        """
+        query_states = _heads_first(_project(self._query_dense, query))  # (B, H, T, K)
+        key_states = _heads_first(_project(self._key_dense, query))
+        value_states = _heads_first(_project(self._value_dense, query))
+        grow = cache_update_index is None
+        start_index = ops.shape(cache[0])[2] if grow else cache_update_index
+        cache = _update_cache(cache, key_states, value_states, start_index, grow)
+        causal = None
+        if use_causal_mask:
+            causal = masks.causal_mask(ops.shape(query)[1], ops.shape(cache[0])[2], start_index)
+        mask = masks.merge_attention_masks(
+            query_mask=query_mask, attention_mask=attention_mask, causal=causal
+        )
+        outputs, _ = self._attend(query_states, cache[0], cache[1], mask, training)
+        return self._output_projection(ops.transpose(outputs, (0, 2, 1, 3))), cache
+
+    def attend_cached(
+        self,
+        query,
+        cache,
+        query_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        """Attention of `query` over keys and values from `compute_cache`.
+
+        Args:
+            query: `(B, T, D)` queries.
+            cache: `(keys, values)`, `(B, H, S, K)` each, left unchanged.
+            query_mask: bool `(B, T)`.
+            attention_mask: bool `(B, T, S)` or `(B, 1, S)`, True where a query
+                may attend a key (the source padding).
+            return_attention_scores: bool, also return the `(B, H, T, S)`
+                attention probabilities.
+            training: bool, whether dropout is active.
+
+        Returns:
+            `(B, T, D)`, or with `return_attention_scores` a pair of it and the
+            probabilities.
+        """
+        query_states = _heads_first(_project(self._query_dense, query))  # (B, H, T, K)
+        mask = masks.merge_attention_masks(query_mask=query_mask, attention_mask=attention_mask)
+        outputs, probabilities = self._attend(query_states, cache[0], cache[1], mask, training)
+        outputs = self._output_projection(ops.transpose(outputs, (0, 2, 1, 3)))
+        return (outputs, probabilities) if return_attention_scores else outputs
+
+    def _output_projection(self, outputs):
+        """`(B, T, H, K)` heads -> `(B, T, D)` through the output projection."""
+        return apply_to_rows(
             lambda rows: _dense_rows(self._output_dense, rows), outputs, feature_axes=2
-        )  # (B, T, D)
+        )
 
-        results = [outputs]
-        if return_attention_scores:
-            results.append(probabilities)
-        if cache is not None:
-            results.append(cache)
-        return results[0] if len(results) == 1 else tuple(results)
-
-    def _fusable(self, training):
-        """Whether `ops.dot_product_attention` can compute this call's attention.
+    def uses_fused_attention(self, training=None):
+        """Whether `call` computes attention with `ops.dot_product_attention`.
 
         The fused kernel (cuDNN's flash attention under JAX on a GPU, memory
         linear in the length) has no dropout on the probabilities, needs
         values of the keys' size, and would compute float16 logits, which
-        overflow past 65504; otherwise `_attend` computes attention step by
-        step. TensorFlow has no fused kernel: Keras composes it from einsums
-        on the `(B, T, H, K)` layout and masks built at the logits' full
-        shape, and `_attend` trains 1.1x faster on a CPU
-        (benchmarks/results/cpu_training_step_levers.json).
+        overflow past 65504; otherwise attention is computed step by step.
+        TensorFlow has no fused kernel: Keras composes it from einsums on the
+        `(B, T, H, K)` layout and masks built at the logits' full shape, which
+        train slower on a CPU than the step-by-step path. `fused_attention`
+        (constructor argument and attribute) overrides the backend's default:
+        False never fuses; True fuses on TensorFlow too, where the function
+        computed is the same.
         """
         same_sizes = self.value_dim in (None, self.key_dim)
         no_dropout = not training or self.dropout == 0
         has_kernel = keras.backend.backend() != "tensorflow"
+        if self.fused_attention is not None:
+            has_kernel = self.fused_attention
         return has_kernel and same_sizes and no_dropout and self.compute_dtype != "float16"
 
     def _attend(self, query_states, key_states, value_states, mask, training):
@@ -337,7 +420,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is not None:
             mask = ops.expand_dims(mask, 1)  # (B, 1, T, S)
             logits = ops.where(mask, logits, _MASK_LOGIT)
-        probabilities = ops.softmax(logits, axis=-1)
+        probabilities = _softmax(logits)
         probabilities = ops.cast(probabilities, self.compute_dtype)
         dropped = self._dropout_layer(probabilities, training=training)
         if one_query:
@@ -351,40 +434,14 @@ class MultiHeadAttention(keras.layers.Layer):
         output_dim = self.output_dim or query_shape[-1]
         return tuple(query_shape[:-1]) + (output_dim,)
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        return_attention_scores=False,
-        cache=None,
-        grow_cache=False,
-        **kwargs,
-    ):
+    def compute_output_spec(self, query, value, key=None, return_attention_scores=False, **kwargs):
         outputs = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )
-        results = [outputs]
-        key_length = value.shape[1]
-        if cache is not None:
-            key_length = cache[0].shape[2]
-            if grow_cache:
-                key_length = (
-                    None if None in (key_length, query.shape[1]) else key_length + query.shape[1]
-                )
-        if return_attention_scores:
-            shape = (query.shape[0], self.num_heads, query.shape[1], key_length)
-            results.append(keras.KerasTensor(shape, dtype=self.compute_dtype))
-        if cache is not None:
-            results.append(
-                tuple(
-                    keras.KerasTensor(
-                        part.shape[:2] + (key_length, part.shape[3]), dtype=part.dtype
-                    )
-                    for part in cache
-                )
-            )
-        return results[0] if len(results) == 1 else tuple(results)
+        if not return_attention_scores:
+            return outputs
+        shape = (query.shape[0], self.num_heads, query.shape[1], value.shape[1])
+        return outputs, keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -398,6 +455,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "fused_attention": self.fused_attention,
             }
         )
         return config

@@ -48,6 +48,26 @@ class TransformerBlock(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
+    @property
+    def self_attention(self):
+        """The self-attention `MultiHeadAttention`."""
+        return self._self_attention
+
+    @property
+    def self_attention_norm(self):
+        """The `LayerNormalization` of the self-attention sublayer."""
+        return self._self_attention_norm
+
+    @property
+    def feed_forward(self):
+        """The position-wise `FeedForward`."""
+        return self._feed_forward
+
+    @property
+    def feed_forward_norm(self):
+        """The `LayerNormalization` of the feed-forward sublayer."""
+        return self._feed_forward_norm
+
     def _sublayer_kwargs(self):
         return {
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
@@ -159,6 +179,11 @@ class TransformerStack(keras.layers.Layer):
                 epsilon=first.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
             )
         self.supports_masking = True
+
+    @property
+    def final_norm(self):
+        """The `LayerNormalization` after a pre-norm stack; None for post-norm."""
+        return self._final_norm
 
     def _build_layers(self, *shapes):
         for layer in self.stack_layers:

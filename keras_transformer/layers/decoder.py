@@ -16,13 +16,8 @@ class DecoderLayer(TransformerBlock):
     dropout and norms are as in `EncoderLayer`. Padding masks default to the
     Keras masks of `inputs` and `encoder_outputs`.
 
-    For incremental decoding pass `self_attention_cache`, a pair `(keys,
-    values)` of `(B, H, T_cache, K)` tensors: without
-    `self_attention_cache_update_index` the current steps are appended to it
-    (a growing cache), with it they are written at that position of a
-    fixed-size cache (see `MultiHeadAttention`). Optionally pass
-    `cross_attention_cache` from `compute_cross_attention_cache`, so the source
-    is projected only once.
+    `call` decodes whole targets; `call_with_cache` decodes the positions
+    after those a self-attention cache holds (see `Decoder.call_with_cache`).
 
     Args:
         num_heads, intermediate_dim, dropout, attention_dropout, activation,
@@ -35,18 +30,13 @@ class DecoderLayer(TransformerBlock):
         encoder_outputs: `(B, S, D)`.
         decoder_padding_mask: bool `(B, T)`, True for real target tokens.
         encoder_padding_mask: bool `(B, S)`, True for real source tokens.
-        self_attention_cache: `(keys, values)`, `(B, H, T_cache, K)` each, or
-            None.
-        self_attention_cache_update_index: int scalar, position of
-            `inputs[:, 0]` in a fixed-size cache; None appends to the cache.
-        cross_attention_cache: `(keys, values)`, `(B, H, S, K)` each, or None.
         return_attention_scores: bool, also return the `(B, H, T, S)`
             encoder-decoder attention probabilities.
         training: bool, whether dropout is active.
 
     Returns:
-        `(B, T, D)`; then the attention probabilities if requested; then the
-        updated self-attention cache if one was given.
+        `(B, T, D)`, or with `return_attention_scores` a pair of it and the
+        attention probabilities.
 
     Example:
     >>> layer = DecoderLayer(num_heads=2, intermediate_dim=16)
@@ -68,6 +58,16 @@ class DecoderLayer(TransformerBlock):
         self._cross_attention_dropout = self._dropout("cross_attention_dropout")
         self._build_feed_forward(inputs_shape)
 
+    @property
+    def cross_attention(self):
+        """The encoder-decoder `MultiHeadAttention`."""
+        return self._cross_attention
+
+    @property
+    def cross_attention_norm(self):
+        """The `LayerNormalization` of the encoder-decoder attention sublayer."""
+        return self._cross_attention_norm
+
     def compute_cross_attention_cache(self, encoder_outputs):
         """Projects `(B, S, D)` encoder outputs once into `(keys, values)`, `(B, H, S, K)` each."""
         return self._cross_attention.compute_cache(encoder_outputs)
@@ -78,9 +78,6 @@ class DecoderLayer(TransformerBlock):
         encoder_outputs,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
         return_attention_scores=False,
         training=None,
         inputs_mask=None,
@@ -90,51 +87,95 @@ class DecoderLayer(TransformerBlock):
             decoder_padding_mask = inputs_mask
         if encoder_padding_mask is None:
             encoder_padding_mask = encoder_outputs_mask
-        # Masked self-attention sublayer: position i attends positions <= i.
+
+        def self_attend(x):  # position i attends positions <= i
+            return self._self_attention(
+                x,
+                x,
+                query_mask=decoder_padding_mask,
+                value_mask=decoder_padding_mask,
+                use_causal_mask=True,
+                training=training,
+            )
+
+        def cross_attend(x):  # every real source position
+            outputs = self._cross_attention(
+                x,
+                encoder_outputs,
+                query_mask=decoder_padding_mask,
+                attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+            return outputs if return_attention_scores else (outputs, None)
+
+        x, scores = self._sublayers(inputs, self_attend, cross_attend, training)
+        return (x, scores) if return_attention_scores else x
+
+    def call_with_cache(
+        self,
+        inputs,
+        self_attention_cache,
+        cross_attention_cache,
+        encoder_padding_mask=None,
+        cache_update_index=None,
+    ):
+        """Decodes the positions after those `self_attention_cache` holds (no dropout).
+
+        Args:
+            inputs: `(B, T, D)` embedded target at the new positions.
+            self_attention_cache: `(keys, values)`, `(B, H, T_cache, K)` each.
+            cross_attention_cache: `(keys, values)`, `(B, H, S, K)` each, from
+                `compute_cross_attention_cache`.
+            encoder_padding_mask: bool `(B, S)`, True for real source tokens.
+            cache_update_index: int scalar, position of `inputs[:, 0]` in a
+                fixed-size cache; None (the default) appends to a growing one.
+
+        Returns:
+            `(outputs, self_attention_cache)`: `(B, T, D)` and the updated pair.
+        """
+        caches = []
+
+        def self_attend(x):
+            x, cache = self._self_attention.call_with_cache(
+                x, self_attention_cache, cache_update_index, use_causal_mask=True
+            )
+            caches.append(cache)
+            return x
+
+        def cross_attend(x):
+            outputs = self._cross_attention.attend_cached(
+                x,
+                cross_attention_cache,
+                attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
+            )
+            return outputs, None
+
+        x, _ = self._sublayers(inputs, self_attend, cross_attend, training=False)
+        return x, caches[0]
+
+    def _sublayers(self, inputs, self_attend, cross_attend, training):
+        """The three residual sublayers around the two attention functions.
+
+        Returns:
+            `(outputs, scores)`: `(B, T, D)` and the `(B, H, T, S)`
+            encoder-decoder attention probabilities, or None where
+            `cross_attend` returned none.
+        """
+        # Masked self-attention sublayer.
         residual = inputs
         x = self._self_attention_norm(inputs) if self.normalize_first else inputs
-        x = self._self_attention(
-            x,
-            x,
-            query_mask=decoder_padding_mask,
-            value_mask=decoder_padding_mask,
-            use_causal_mask=True,
-            cache=self_attention_cache,
-            cache_update_index=self_attention_cache_update_index,
-            grow_cache=self_attention_cache is not None
-            and self_attention_cache_update_index is None,
-            training=training,
-        )
-        if self_attention_cache is not None:
-            x, self_attention_cache = x
-        x = residual + self._self_attention_dropout(x, training=training)
+        x = residual + self._self_attention_dropout(self_attend(x), training=training)
         if not self.normalize_first:
             x = self._self_attention_norm(x)
-        # Encoder-decoder attention sublayer: every real source position.
+        # Encoder-decoder attention sublayer.
         residual = x
         x = self._cross_attention_norm(x) if self.normalize_first else x
-        outputs = self._cross_attention(
-            x,
-            encoder_outputs,
-            query_mask=decoder_padding_mask,
-            attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
-            return_attention_scores=return_attention_scores,
-            cache=cross_attention_cache,
-            training=training,
-        )
-        # (output, [scores], [the read-only cache]) when either is asked for.
-        x = outputs[0] if isinstance(outputs, tuple) else outputs
-        scores = outputs[1] if return_attention_scores else None
+        x, scores = cross_attend(x)
         x = residual + self._cross_attention_dropout(x, training=training)
         if not self.normalize_first:
             x = self._cross_attention_norm(x)
-        x = self._feed_forward_sublayer(x, training=training)
-        results = (x,)
-        if return_attention_scores:
-            results += (scores,)
-        if self_attention_cache is not None:
-            results += (self_attention_cache,)
-        return results[0] if len(results) == 1 else results
+        return self._feed_forward_sublayer(x, training=training), scores
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -184,23 +225,23 @@ class Decoder(TransformerStack):
     def build(self, inputs_shape, encoder_outputs_shape):
         self._build_layers(inputs_shape, encoder_outputs_shape)
 
-    def initial_cache(self, batch_size, max_length=0):
+    def initial_cache(self, batch_size, cache_length=0):
         """An empty self-attention cache: L `(keys, values)` pairs.
 
         Args:
             batch_size: int or int scalar tensor, rows `B`.
-            max_length: int (or int scalar tensor), positions per row: 0 (the
+            cache_length: int (or int scalar tensor), positions per row: 0 (the
                 default) for a growing cache, the longest output for a
                 fixed-size one.
 
         Returns:
-            list of L pairs of zeros, `(B, H, max_length, K)` each.
+            list of L pairs of zeros, `(B, H, cache_length, K)` each.
         """
         cache = []
         for layer in self.stack_layers:
-            attention = layer._self_attention
+            attention = layer.self_attention
             value_dim = attention.value_dim or attention.key_dim
-            shape = (batch_size, attention.num_heads, max_length)
+            shape = (batch_size, attention.num_heads, cache_length)
             cache.append(
                 (
                     ops.zeros(shape + (attention.key_dim,), dtype=self.compute_dtype),
@@ -287,13 +328,8 @@ class Decoder(TransformerStack):
         for layer, self_cache, cross_cache in zip(
             self.stack_layers, self_attention_cache, cross_attention_cache, strict=True
         ):
-            outputs, self_cache = layer(
-                outputs,
-                None,  # the cross-attention cache holds the encoder outputs' projections
-                encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=cache_update_index,
-                cross_attention_cache=cross_cache,
+            outputs, self_cache = layer.call_with_cache(
+                outputs, self_cache, cross_cache, encoder_padding_mask, cache_update_index
             )
             caches.append(self_cache)
         return self._finish(outputs), caches

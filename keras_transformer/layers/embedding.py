@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.renames import renamed
 from keras_transformer.layers.rows import apply_to_rows
 
 
@@ -21,7 +22,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     Args:
         vocabulary_size: int, number of tokens `V`.
-        embedding_dim: int, model size `D`.
+        hidden_dim: int, model size `D`.
         scale: bool, multiply embeddings by `sqrt(D)`.
         pad_id: int or None, padding token id for the Keras mask.
         embeddings_initializer: initializer of the `(V, D)` matrix. Defaults to
@@ -37,7 +38,7 @@ class TokenEmbedding(keras.layers.Layer):
         `(B, T, D)` embeddings, or `(B, T, V)` logits with `reverse=True`.
 
     Example:
-    >>> layer = TokenEmbedding(vocabulary_size=10, embedding_dim=4, pad_id=0)
+    >>> layer = TokenEmbedding(vocabulary_size=10, hidden_dim=4, pad_id=0)
     >>> tuple(layer(keras.ops.array([[3, 1, 0]])).shape)
     (1, 3, 4)
 
@@ -48,7 +49,7 @@ class TokenEmbedding(keras.layers.Layer):
     def __init__(
         self,
         vocabulary_size,
-        embedding_dim,
+        hidden_dim,
         scale=True,
         pad_id=None,
         embeddings_initializer=None,
@@ -59,28 +60,26 @@ class TokenEmbedding(keras.layers.Layer):
             raise ValueError(
                 f"vocabulary_size must be positive. Received: vocabulary_size={vocabulary_size}"
             )
-        if embedding_dim <= 0:
-            raise ValueError(
-                f"embedding_dim must be positive. Received: embedding_dim={embedding_dim}"
-            )
+        if hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be positive. Received: hidden_dim={hidden_dim}")
         if pad_id is not None and not 0 <= pad_id < vocabulary_size:
             raise ValueError(
                 f"pad_id must be a token id below vocabulary_size={vocabulary_size}. "
                 f"Received: pad_id={pad_id}"
             )
         self.vocabulary_size = vocabulary_size
-        self.embedding_dim = embedding_dim
+        self.hidden_dim = hidden_dim
         self.scale = scale
         self.pad_id = pad_id
         if embeddings_initializer is None:
-            embeddings_initializer = keras.initializers.RandomNormal(stddev=embedding_dim**-0.5)
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=hidden_dim**-0.5)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.supports_masking = pad_id is not None
 
     def build(self, inputs_shape=None):
         self.embeddings = self.add_weight(
             name="embeddings",
-            shape=(self.vocabulary_size, self.embedding_dim),
+            shape=(self.vocabulary_size, self.hidden_dim),
             initializer=self.embeddings_initializer,
         )
 
@@ -92,7 +91,7 @@ class TokenEmbedding(keras.layers.Layer):
             )  # (B, T, V)
         outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
         if self.scale:
-            outputs = outputs * ops.cast(math.sqrt(self.embedding_dim), outputs.dtype)
+            outputs = outputs * ops.cast(math.sqrt(self.hidden_dim), outputs.dtype)
         return outputs
 
     def compute_mask(self, inputs, mask=None):
@@ -101,7 +100,7 @@ class TokenEmbedding(keras.layers.Layer):
         return ops.not_equal(inputs, self.pad_id)
 
     def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape) + (self.embedding_dim,)
+        return tuple(inputs_shape) + (self.hidden_dim,)
 
     def compute_output_spec(self, inputs, reverse=False):
         if reverse:
@@ -110,12 +109,16 @@ class TokenEmbedding(keras.layers.Layer):
             shape = self.compute_output_shape(inputs.shape)
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
+    @classmethod
+    def from_config(cls, config):
+        return cls(**renamed(config, {"embedding_dim": "hidden_dim"}))
+
     def get_config(self):
         config = super().get_config()
         config.update(
             {
                 "vocabulary_size": self.vocabulary_size,
-                "embedding_dim": self.embedding_dim,
+                "hidden_dim": self.hidden_dim,
                 "scale": self.scale,
                 "pad_id": self.pad_id,
                 "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),

@@ -80,6 +80,16 @@ class FeedForward(keras.layers.Layer):
         self._output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
+    @property
+    def intermediate_dense(self):
+        """The first projection, `Dense(intermediate_dim)` with the activation."""
+        return self._intermediate_dense
+
+    @property
+    def output_dense(self):
+        """The second projection, back to the model size."""
+        return self._output_dense
+
     def call(self, inputs, training=None):
         def feed_forward(rows):  # (B * T, D)
             hidden = self._intermediate_dense(rows)  # (B * T, d_ff)

@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.renames import renamed
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionalEncoding(keras.layers.Layer):
@@ -13,14 +15,14 @@ class PositionalEncoding(keras.layers.Layer):
     The default encoding is the paper's fixed sinusoid, defined for any length:
     `PE(pos, 2i) = sin(pos / max_wavelength^(2i / D))` and
     `PE(pos, 2i + 1) = cos(pos / max_wavelength^(2i / D))`. With `learned=True`
-    a trainable `(max_length, D)` table is used instead (Table 3, row E).
+    a trainable `(max_positions, D)` table is used instead (Table 3, row E).
     The Keras mask of the inputs passes through unchanged.
 
     Args:
         max_wavelength: float, the base of the sinusoid wavelengths (10000 in
             the paper).
         learned: bool, use learned position embeddings instead of sinusoids.
-        max_length: int, the longest sequence a learned table covers. Required
+        max_positions: int, the longest sequence a learned table covers. Required
             with `learned=True`, ignored otherwise.
         initializer: initializer of the learned table.
         **kwargs: base `keras.layers.Layer` arguments.
@@ -46,7 +48,7 @@ class PositionalEncoding(keras.layers.Layer):
         self,
         max_wavelength=10000.0,
         learned=False,
-        max_length=None,
+        max_positions=None,
         initializer="glorot_uniform",
         **kwargs,
     ):
@@ -55,14 +57,14 @@ class PositionalEncoding(keras.layers.Layer):
             raise ValueError(
                 f"max_wavelength must be positive. Received: max_wavelength={max_wavelength}"
             )
-        if learned and (max_length is None or max_length <= 0):
+        if learned and (max_positions is None or max_positions <= 0):
             raise ValueError(
-                "A learned positional encoding needs a positive max_length. "
-                f"Received: max_length={max_length}"
+                "A learned positional encoding needs a positive max_positions. "
+                f"Received: max_positions={max_positions}"
             )
         self.max_wavelength = max_wavelength
         self.learned = learned
-        self.max_length = max_length
+        self.max_positions = max_positions
         self.initializer = keras.initializers.get(initializer)
         self.supports_masking = True
 
@@ -76,7 +78,7 @@ class PositionalEncoding(keras.layers.Layer):
         if self.learned:
             self.position_embeddings = self.add_weight(
                 name="position_embeddings",
-                shape=(self.max_length, hidden_dim),
+                shape=(self.max_positions, hidden_dim),
                 initializer=self.initializer,
             )
 
@@ -107,13 +109,17 @@ class PositionalEncoding(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
 
+    @classmethod
+    def from_config(cls, config):
+        return cls(**renamed(config, {"max_length": "max_positions"}))
+
     def get_config(self):
         config = super().get_config()
         config.update(
             {
                 "max_wavelength": self.max_wavelength,
                 "learned": self.learned,
-                "max_length": self.max_length,
+                "max_positions": self.max_positions,
                 "initializer": keras.initializers.serialize(self.initializer),
             }
         )

@@ -7,6 +7,7 @@ from keras_transformer.layers.decoder import Decoder
 from keras_transformer.layers.embedding import TokenEmbedding
 from keras_transformer.layers.encoder import Encoder
 from keras_transformer.layers.positional_encoding import PositionalEncoding
+from keras_transformer.layers.renames import renamed
 from keras_transformer.models.presets import PRESETS
 
 INPUT_KEYS = ("source_ids", "target_input_ids")
@@ -56,8 +57,8 @@ class Transformer(keras.Model):
         tie_output_embeddings: bool, reuse the target embedding as the
             pre-softmax projection.
         learned_positions: bool, learned positional embeddings instead of
-            sinusoids (needs `max_length`).
-        max_length: int or None, longest sequence of learned positions.
+            sinusoids (needs `max_positions`).
+        max_positions: int or None, the positions a learned table covers.
         pad_id: int, padding token id.
         bos_id: int, start-of-sequence id that begins decoder inputs.
         eos_id: int, end-of-sequence id that ends decoder outputs.
@@ -98,7 +99,7 @@ class Transformer(keras.Model):
         share_source_target_embeddings=True,
         tie_output_embeddings=True,
         learned_positions=False,
-        max_length=None,
+        max_positions=None,
         pad_id=0,
         bos_id=2,
         eos_id=3,
@@ -126,7 +127,7 @@ class Transformer(keras.Model):
         self.share_source_target_embeddings = share_source_target_embeddings
         self.tie_output_embeddings = tie_output_embeddings
         self.learned_positions = learned_positions
-        self.max_length = max_length
+        self.max_positions = max_positions
         self.pad_id = pad_id
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -148,13 +149,13 @@ class Transformer(keras.Model):
         )
         self.source_positions = PositionalEncoding(
             learned=self.learned_positions,
-            max_length=self.max_length,
+            max_positions=self.max_positions,
             dtype=policy,
             name="source_positions",
         )
         self.target_positions = PositionalEncoding(
             learned=self.learned_positions,
-            max_length=self.max_length,
+            max_positions=self.max_positions,
             dtype=policy,
             name="target_positions",
         )
@@ -282,7 +283,7 @@ class Transformer(keras.Model):
             return self._logits(results[0]), results[1]
         return self._logits(results)
 
-    def start_decoding(self, source_ids, max_length=0):
+    def start_decoding(self, source_ids, cache_length=0):
         """Encodes sources once and returns the state that `decoding_step` reads.
 
         The state is a dict of two dicts of tensors, so that a search can carry
@@ -293,7 +294,7 @@ class Transformer(keras.Model):
 
         Args:
             source_ids: int `(B, S)` source ids, padded with `pad_id`.
-            max_length: int, 0 (the default) for self-attention caches that
+            cache_length: int, 0 (the default) for self-attention caches that
                 grow by one position a step; the longest output for fixed-size
                 caches (static shapes, as `jax.jit` needs).
 
@@ -301,7 +302,7 @@ class Transformer(keras.Model):
             dict: `state["source"]["cross_attention_cache"]`, L pairs
             `(B, H, S, K)`; `state["source"]["padding_mask"]`, bool `(B, S)`;
             `state["target"]["self_attention_cache"]`, L pairs
-            `(B, H, max_length, K)`.
+            `(B, H, cache_length, K)`.
         """
         encoder_outputs, source_padding_mask = self.encode(source_ids)  # (B, S, D), (B, S)
         batch_size = ops.shape(source_ids)[0]
@@ -313,7 +314,7 @@ class Transformer(keras.Model):
                 "padding_mask": source_padding_mask,
             },
             "target": {
-                "self_attention_cache": self.decoder.initial_cache(batch_size, max_length),
+                "self_attention_cache": self.decoder.initial_cache(batch_size, cache_length),
             },
         }
 
@@ -348,6 +349,10 @@ class Transformer(keras.Model):
         encoder_outputs, source_padding_mask = self.encode(source_ids, training=training)
         return self.decode(target_ids, encoder_outputs, source_padding_mask, training=training)
 
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return super().from_config(renamed(config, {"max_length": "max_positions"}), custom_objects)
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -366,7 +371,7 @@ class Transformer(keras.Model):
                 "share_source_target_embeddings": self.share_source_target_embeddings,
                 "tie_output_embeddings": self.tie_output_embeddings,
                 "learned_positions": self.learned_positions,
-                "max_length": self.max_length,
+                "max_positions": self.max_positions,
                 "pad_id": self.pad_id,
                 "bos_id": self.bos_id,
                 "eos_id": self.eos_id,

@@ -45,7 +45,7 @@ def _set_linear(spec, dense):
 
 def _projection_weights(attention, name):
     """`(H*K, D)` weight and `(H*K,)` bias of the query, key or value projection."""
-    dense = getattr(attention, f"_{name}_dense")
+    dense = getattr(attention, f"{name}_dense")
     kernel = _numpy(dense.kernel)  # (D, H, K)
     bias = None if dense.bias is None else _numpy(dense.bias).reshape(-1)
     return kernel.reshape(kernel.shape[0], -1).T, bias
@@ -64,7 +64,7 @@ def _set_attention(spec, attention, norm, self_attention):
     else:
         _set_fused(spec.linear[0], attention, ("query",))
         _set_fused(spec.linear[1], attention, ("key", "value"))
-    output = attention._output_dense  # kernel (H, K, D)
+    output = attention.output_dense  # kernel (H, K, D)
     kernel = _numpy(output.kernel)
     spec.linear[-1].weight = np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T)
     if output.bias is not None:
@@ -78,9 +78,9 @@ def _set_norm(spec, norm):
 
 
 def _set_feed_forward(spec, layer):
-    _set_linear(spec.linear_0, layer._feed_forward._intermediate_dense)
-    _set_linear(spec.linear_1, layer._feed_forward._output_dense)
-    _set_norm(spec.layer_norm, layer._feed_forward_norm)
+    _set_linear(spec.linear_0, layer.feed_forward.intermediate_dense)
+    _set_linear(spec.linear_1, layer.feed_forward.output_dense)
+    _set_norm(spec.layer_norm, layer.feed_forward_norm)
 
 
 def _positions(model, encoding_layer, num_positions):
@@ -134,20 +134,20 @@ def model_spec(model, pieces, num_positions=1024):
         _set_linear(decoder.projection, model.output_projection)
     for layer_spec, layer in zip(encoder.layer, model.encoder.stack_layers, strict=True):
         _set_attention(
-            layer_spec.self_attention, layer._self_attention, layer._self_attention_norm, True
+            layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, True
         )
         _set_feed_forward(layer_spec.ffn, layer)
     for layer_spec, layer in zip(decoder.layer, model.decoder.stack_layers, strict=True):
         _set_attention(
-            layer_spec.self_attention, layer._self_attention, layer._self_attention_norm, True
+            layer_spec.self_attention, layer.self_attention, layer.self_attention_norm, True
         )
         _set_attention(
-            layer_spec.attention, layer._cross_attention, layer._cross_attention_norm, False
+            layer_spec.attention, layer.cross_attention, layer.cross_attention_norm, False
         )
         _set_feed_forward(layer_spec.ffn, layer)
     for stack, stack_spec in ((model.encoder, encoder), (model.decoder, decoder)):
-        if stack._final_norm is not None:
-            _set_norm(stack_spec.layer_norm, stack._final_norm)
+        if stack.final_norm is not None:
+            _set_norm(stack_spec.layer_norm, stack.final_norm)
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     return spec

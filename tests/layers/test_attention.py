@@ -1,3 +1,5 @@
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -170,13 +172,8 @@ def test_cached_self_attention_equals_full_pass(data, growing):
     steps = []
     for index in range(T):
         step = query[:, index : index + 1]
-        output, cache = layer(
-            step,
-            step,
-            use_causal_mask=True,
-            cache=cache,
-            cache_update_index=None if growing else index,
-            grow_cache=growing,
+        output, cache = layer.call_with_cache(
+            step, cache, None if growing else index, use_causal_mask=True
         )
         steps.append(to_numpy(output))
         assert tuple(cache[0].shape) == (B, H, index + 1 if growing else T, 4)
@@ -188,23 +185,52 @@ def test_fixed_size_cache_takes_several_steps_at_once(data):
     layer = MultiHeadAttention(num_heads=H, key_dim=4, value_dim=3)
     full = to_numpy(layer(query, query, use_causal_mask=True))
     cache = (ops.zeros((B, H, T, 4)), ops.zeros((B, H, T, 3)))
-    first, cache = layer(
-        query[:, :2], query[:, :2], use_causal_mask=True, cache=cache, cache_update_index=0
-    )
-    rest, cache = layer(
-        query[:, 2:], query[:, 2:], use_causal_mask=True, cache=cache, cache_update_index=2
-    )
+    first, cache = layer.call_with_cache(query[:, :2], cache, 0, use_causal_mask=True)
+    rest, cache = layer.call_with_cache(query[:, 2:], cache, 2, use_causal_mask=True)
     np.testing.assert_allclose(
         np.concatenate([to_numpy(first), to_numpy(rest)], 1), full, atol=1e-5
     )
 
 
-def test_cache_modes_exclude_each_other(data):
+def test_a_growing_cache_takes_several_steps_at_once(data):
     query, _ = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4)
-    cache = (ops.zeros((B, H, T, 4)), ops.zeros((B, H, T, 4)))
-    with pytest.raises(ValueError, match="not both"):
-        layer(query, query, cache=cache, cache_update_index=0, grow_cache=True)
+    full = to_numpy(layer(query, query, use_causal_mask=True))
+    cache = (ops.zeros((B, H, 0, 4)), ops.zeros((B, H, 0, 4)))
+    first, cache = layer.call_with_cache(query[:, :3], cache, use_causal_mask=True)
+    rest, cache = layer.call_with_cache(query[:, 3:], cache, use_causal_mask=True)
+    assert tuple(cache[0].shape) == (B, H, T, 4)
+    np.testing.assert_allclose(
+        np.concatenate([to_numpy(first), to_numpy(rest)], 1), full, atol=1e-5
+    )
+
+
+def test_sublayers_are_public_and_hold_the_weights(data):
+    query, value = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, value_dim=3)
+    layer(query, value)
+    projections = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    assert [tuple(p.kernel.shape) for p in projections] == [
+        (D, H, 4),
+        (D, H, 4),
+        (D, H, 3),
+        (H, 3, D),
+    ]
+    weights = {id(w) for p in projections for w in p.weights}
+    assert weights == {id(w) for w in layer.weights}
+    with pytest.raises(AttributeError):
+        layer.query_dense = None
+
+
+def test_a_first_step_attends_its_single_key_without_a_warning(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    full = to_numpy(layer(query[:, :1], query[:, :1]))
+    cache = (ops.zeros((B, H, 0, 4)), ops.zeros((B, H, 0, 4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        output, _ = layer.call_with_cache(query[:, :1], cache, use_causal_mask=True)
+    np.testing.assert_allclose(to_numpy(output), full, atol=1e-6)
 
 
 def test_cross_attention_cache_equals_recomputation(data):
@@ -215,10 +241,12 @@ def test_cross_attention_cache_equals_recomputation(data):
     expected = to_numpy(layer(query, value, attention_mask=mask))
     cache = layer.compute_cache(value)
     assert [tuple(part.shape) for part in cache] == [(B, H, S, 4)] * 2
-    output, returned_cache = layer(query, value, attention_mask=mask, cache=cache)
+    output, scores = layer.attend_cached(
+        query, cache, attention_mask=mask, return_attention_scores=True
+    )
     np.testing.assert_allclose(to_numpy(output), expected, atol=1e-6)
-    for returned, given in zip(returned_cache, cache, strict=True):
-        np.testing.assert_array_equal(to_numpy(returned), to_numpy(given))
+    _, expected_scores = layer(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-6)
 
 
 def test_dropout_reaches_attention_probabilities(data):

@@ -13,7 +13,7 @@ IDS = np.array([[3, 1, 4, 0], [5, 9, 0, 0]], "int32")
 def test_layer_basics():
     run_layer_test(
         TokenEmbedding,
-        init_kwargs={"vocabulary_size": 10, "embedding_dim": 8, "pad_id": 0},
+        init_kwargs={"vocabulary_size": 10, "hidden_dim": 8, "pad_id": 0},
         input_data={"inputs": IDS},
         expected_output_shape=(2, 4, 8),
         expected_num_trainable_weights=1,
@@ -23,7 +23,7 @@ def test_layer_basics():
 def test_reverse_layer_basics():
     run_layer_test(
         TokenEmbedding,
-        init_kwargs={"vocabulary_size": 10, "embedding_dim": 8},
+        init_kwargs={"vocabulary_size": 10, "hidden_dim": 8},
         input_data={"inputs": np.ones((2, 4, 8), "float32")},
         call_kwargs={"reverse": True},
         expected_output_shape=(2, 4, 10),

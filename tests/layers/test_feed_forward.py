@@ -38,5 +38,5 @@ def test_biases_are_drawn_independently():
     """A random bias initializer gives the two layers' biases their own values (d_ff == D)."""
     layer = FeedForward(intermediate_dim=8, bias_initializer="random_normal")
     layer.build((2, 3, 8))
-    inner, outer = (to_numpy(d.bias) for d in (layer._intermediate_dense, layer._output_dense))
+    inner, outer = (to_numpy(d.bias) for d in (layer.intermediate_dense, layer.output_dense))
     assert not np.allclose(inner, outer)

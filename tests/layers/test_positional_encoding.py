@@ -33,7 +33,7 @@ def test_layer_basics():
 def test_learned_layer_basics():
     run_layer_test(
         PositionalEncoding,
-        init_kwargs={"learned": True, "max_length": 10},
+        init_kwargs={"learned": True, "max_positions": 10},
         input_data={"inputs": np.zeros((2, 5, 8), "float32")},
         expected_output_shape=(2, 5, 8),
         expected_num_trainable_weights=1,
@@ -61,7 +61,7 @@ def test_start_index_continues_the_sequence():
 
 
 def test_learned_start_index_reads_the_table():
-    layer = PositionalEncoding(learned=True, max_length=10, initializer="random_normal")
+    layer = PositionalEncoding(learned=True, max_positions=10, initializer="random_normal")
     full = to_numpy(layer(np.zeros((1, 9, 4), "float32")))
     step = to_numpy(layer(np.zeros((1, 1, 4), "float32"), start_index=6))
     np.testing.assert_array_equal(step[0, 0], full[0, 6])
@@ -76,7 +76,7 @@ def test_keras_mask_passes_through():
 
 
 def test_invalid_arguments():
-    with pytest.raises(ValueError, match="max_length=None"):
+    with pytest.raises(ValueError, match="max_positions=None"):
         PositionalEncoding(learned=True)
     with pytest.raises(ValueError, match="even model size"):
         PositionalEncoding()(np.zeros((1, 3, 5), "float32"))

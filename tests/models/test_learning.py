@@ -71,7 +71,7 @@ def test_fit_learns_to_reverse_unseen_sequences():
     assert losses[-1] < 0.5 * losses[0]
     assert history.history["masked_accuracy"][-1] > 0.97
 
-    decoded = to_numpy(greedy_search(model, test_source, max_length=MAX_LENGTH + 1))
+    decoded = to_numpy(greedy_search(model, test_source, max_output_length=MAX_LENGTH + 1))
     exact = np.all(decoded == test_out, axis=1)
     assert exact[held_out].mean() >= 0.95, f"exact on held-out: {exact[held_out].mean():.3f}"
 

@@ -1,3 +1,5 @@
+import pathlib
+
 import keras
 import numpy as np
 import pytest
@@ -93,21 +95,21 @@ def test_padding_and_future_tokens_do_not_leak():
     np.testing.assert_allclose(longer[:, :5][real], logits[real], atol=1e-5)
 
 
-@pytest.mark.parametrize("max_length", [0, 6])
-def test_decoding_steps_give_the_full_pass_log_probabilities(max_length):
+@pytest.mark.parametrize("cache_length", [0, 6])
+def test_decoding_steps_give_the_full_pass_log_probabilities(cache_length):
     model = tiny()
     full = to_numpy(keras.ops.log_softmax(model((SOURCE, TARGET)), axis=-1))
-    state = model.start_decoding(SOURCE, max_length)
+    state = model.start_decoding(SOURCE, cache_length)
     for index in range(TARGET.shape[1]):
         log_probs, state = model.decoding_step(
-            TARGET[:, index], state, index if max_length else None
+            TARGET[:, index], state, index if cache_length else None
         )
         real = TARGET[:, index] != 0
         np.testing.assert_allclose(to_numpy(log_probs)[real], full[real, index], atol=1e-5)
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
-    model = tiny(learned_positions=True, max_length=16, normalize_first=True)
+    model = tiny(learned_positions=True, max_positions=16, normalize_first=True)
     check_config_round_trip(model)
     model((SOURCE, TARGET))
     restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
@@ -157,3 +159,32 @@ def test_parameter_counts_match_table_3(preset, paper_millions, tolerance):
 def test_unknown_preset_names_the_choices():
     with pytest.raises(ValueError, match="transformer_base"):
         Transformer.from_preset("transformer_huge", vocabulary_size=10)
+
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+
+
+def test_a_model_saved_by_0_1_0_loads_with_its_weights():
+    """Saved before `max_length` became `max_positions`: weights and outputs unchanged."""
+    model = keras.saving.load_model(DATA / "transformer-0.1.0.keras", safe_mode=True)
+    assert model.max_positions == 12 and model.learned_positions
+    saved = np.load(DATA / "transformer-0.1.0-outputs.npz")
+    logits = model((saved["source_ids"], saved["target_input_ids"]))
+    np.testing.assert_allclose(to_numpy(logits), saved["logits"], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cls, old, new",
+    [
+        ("TokenEmbedding", {"vocabulary_size": 5, "embedding_dim": 4}, "hidden_dim"),
+        ("PositionalEncoding", {"learned": True, "max_length": 7}, "max_positions"),
+        ("TransformerSchedule", {"d_model": 16}, "hidden_dim"),
+    ],
+)
+def test_configs_saved_by_0_1_0_load_under_the_new_names(cls, old, new):
+    import keras_transformer
+
+    restored = getattr(keras_transformer, cls).from_config(old)
+    (value,) = (v for k, v in old.items() if k not in ("vocabulary_size", "learned"))
+    assert getattr(restored, new) == value
+    assert new in restored.get_config()

@@ -16,7 +16,6 @@ from benchmarks import (
     gpu_training,
     multi30k_recipe,
     pipeline_efficiency,
-    recipe_study,
     request_size,
     training_throughput,
 )
@@ -221,60 +220,19 @@ def test_cpu_training_step_smoke(multi30k_dir, tmp_path):
         assert len(entry["real_target_tokens_per_second"]) == 2 and entry["median"] > 0
         assert 0 < entry["real_token_fraction"] <= 1
     assert sorted(result["results"]) == sorted(["today", *cpu_training_step.VARIANTS])
-    assert result["results"]["fused_qkv"]["shapes_per_epoch"] == today["shapes_per_epoch"]
-    assert result["fused_qkv_over_today_steady"] > 0
+    assert result["results"]["keras_attention"]["shapes_per_epoch"] == today["shapes_per_epoch"]
+    assert result["keras_attention_over_today_steady"] > 0
     # Padding to a few fixed shapes: fewer shapes, more padding.
     assert xla["shapes_per_epoch"] < today["shapes_per_epoch"]
     assert xla["real_token_fraction"] < today["real_token_fraction"]
     assert result["today_profile"]["op_ms_per_step_by_kind"]["matrix products"] > 0
 
 
-def test_fused_self_attention_equals_three_projections():
-    import keras
-
+def test_the_keras_attention_variant_reaches_every_attention_layer():
     import keras_transformer as kt
 
-    fused_class = cpu_training_step.fused_self_attention_class()
-    x = keras.random.normal((2, 5, 8), seed=1)
-    padding = np.array([[True] * 5, [True] * 3 + [False] * 2])
-    classes = (kt.MultiHeadAttention, fused_class)
-    layers = [cls(num_heads=2, key_dim=4, name="self_attention") for cls in classes]
-    separate, fused = layers
-    for layer in layers:
-        layer.build(x.shape, x.shape)
-    assert len(fused.weights) == 4 and len(separate.weights) == 8
-    projections = (separate._query_dense, separate._key_dense, separate._value_dense)
-    fused._qkv_dense.kernel.assign(np.stack([p.kernel.numpy() for p in projections], axis=1))
-    fused._qkv_dense.bias.assign(np.stack([p.bias.numpy() for p in projections]))
-    fused._output_dense.set_weights(separate._output_dense.get_weights())
-    kwargs = {"query_mask": padding, "value_mask": padding, "use_causal_mask": True}
-    np.testing.assert_allclose(fused(x, x, **kwargs), separate(x, x, **kwargs), atol=1e-5)
-    # Layers of another name stay the package's.
-    cross = fused_class(num_heads=2, key_dim=4, name="cross_attention")
-    cross.build(x.shape, x.shape)
-    assert len(cross.weights) == 8
-
-
-@pytest.mark.slow
-def test_recipe_study_smoke(multi30k_dir, tmp_path):
-    output = tmp_path / "study.json"
-    common = ["--multi30k-dir", multi30k_dir, "--output", str(output)]
-    tiny = ["steps=4", "steps_per_epoch=2", "vocabulary_size=300", "model.num_layers=1",
-            "model.hidden_dim=16", "model.intermediate_dim=32", "model.num_heads=2",
-            "reserve_minutes=0.1", "max_length=24"]  # fmt: skip
-    argv = [*common, "--minutes", "3", "--output-dir", str(tmp_path / "study"),
-            "--variant", "tiny", *tiny]  # fmt: skip
-    assert recipe_study.main(argv) == 0
-    (row,) = read(output)["rows"]
-    assert row["variant"] == "tiny" and row["steps"] == 4
-    assert row["settings"]["model.num_layers"] == 1 and row["budget_minutes"] == 3.0
-    assert 0 <= row["val_bleu_greedy_lowercased"] <= 100
-    argv = [*common, "--decoding", str(tmp_path / "study" / "tiny"), "--average", "1", "2",
-            "--beams", "1:0", "2:0.6"]  # fmt: skip
-    assert recipe_study.main(argv) == 0
-    study = read(output)
-    assert len(study["rows"]) == 1  # the variants' rows are kept
-    rows = study["decoding"]["rows"]
-    assert [(r["averaged_checkpoints"], r["beam_size"]) for r in rows] == [
-        (1, 1), (1, 2), (2, 1), (2, 2)
-    ]  # fmt: skip
+    trainer = cpu_training_step.make_trainer(30, 2, keras_attention=True)
+    layers = list(cpu_training_step.attention_layers(trainer.model))
+    assert len(layers) == 2 + 2 * 2
+    assert all(layer.fused_attention and layer.uses_fused_attention() for layer in layers)
+    assert isinstance(layers[0], kt.MultiHeadAttention)

@@ -24,11 +24,11 @@ install: $(VENV)/.installed
 # The whole product on the embedded corpus: train, export, translate with the
 # SavedModel, score. No data, no network.
 demo: install
-	$(RUN_ENV) $(PY) -m pipelines.demo
+	$(RUN_ENV) $(PY) -m pipelines demo
 
 # Train the default recipe on the embedded corpus (no data, no network).
 train: install
-	$(RUN_ENV) $(PY) -m pipelines.train
+	$(RUN_ENV) $(PY) -m pipelines train
 
 lint: install
 	$(PY) -m ruff check .

@@ -16,7 +16,9 @@ TENSORFLOW = [
 
 setup(
     name="keras-transformer",
-    version="0.1.0",
+    version="0.2.0",
+    license="Apache-2.0",
+    author="The keras-transformer authors",
     description=(
         'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) '
         "as Keras 3 layers, with TensorFlow pipelines for training and TF Serving."
@@ -24,22 +26,33 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
+    url="https://github.com/keras-transformer/keras-transformer",
+    project_urls={
+        "Documentation": "https://github.com/keras-transformer/keras-transformer/tree/main/docs",
+        "Changelog": "https://github.com/keras-transformer/keras-transformer/blob/main/CHANGELOG.md",
+        "Issues": "https://github.com/keras-transformer/keras-transformer/issues",
+    },
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
+    keywords=["keras", "transformer", "machine translation", "attention", "tensorflow"],
     packages=find_packages(include=["keras_transformer*", "pipelines*"]),
     # The layers, model, losses and decoding need Keras and one backend only
     # (TensorFlow, JAX or PyTorch, installed by the user).
     install_requires=CORE,
-    entry_points={
-        "console_scripts": [
-            "kt-train=pipelines.commands.train:main",
-            "kt-average=pipelines.commands.average:main",
-            "kt-export=pipelines.commands.export:main",
-            "kt-translate=pipelines.commands.translate:main",
-            "kt-evaluate=pipelines.commands.evaluate:main",
-            "kt-attention=pipelines.commands.attention:main",
-            "kt-demo=pipelines.commands.demo:main",
-            "kt-ct2-export=pipelines.commands.ctranslate2_export:main",
-        ]
-    },
+    entry_points={"console_scripts": ["kt=pipelines.cli:main"]},
+    package_data={"pipelines.training": ["recipes/*.json"]},
     extras_require={
         # The TensorFlow pipelines: data, training, export, serving, commands.
         "tensorflow": TENSORFLOW,

@@ -79,7 +79,7 @@ def load_run(run_dir):
     import keras
 
     import keras_transformer  # noqa: F401  registers the model classes
+    from pipelines.training.config import run_max_length
 
-    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
-    return keras.saving.load_model(os.path.join(run_dir, "model.keras")), max_length
+    model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
+    return model, run_max_length(run_dir)

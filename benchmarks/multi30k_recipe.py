@@ -5,10 +5,10 @@ Usage:
         --output-dir runs/multi30k [--skip-training]
 
 Runs the product's own commands, each in a fresh process:
-    python -m pipelines.train --recipe multi30k --multi30k-dir D --output-dir R
-    python -m pipelines.export --run-dir R --base R/saved_models --name multi30k
-    python -m pipelines.translate --model R/saved_models/multi30k --input test.en ...
-    python -m pipelines.evaluate (cased, then --lowercase)
+    kt train --recipe multi30k --multi30k-dir D --output-dir R
+    kt export --run-dir R --base R/saved_models --name multi30k
+    kt translate --model R/saved_models/multi30k --input test.en ...
+    kt evaluate (cased, then --lowercase)
 Training runs with TF_ENABLE_ONEDNN_OPTS=1 (as `make train`) and is timed;
 with --skip-training an existing run is scored and its time is read from its
 result.json (or given with --training-seconds). Translation is the
@@ -50,7 +50,7 @@ def main(argv=None):
         overrides = [item for value in args.set for item in ("--set", value)]
         seconds["training"] = run_stage(
             "Train the multi30k recipe",
-            "pipelines.train",
+            "train",
             ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run, *overrides],
             env,
         )

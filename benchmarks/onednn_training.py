@@ -25,7 +25,7 @@ def tokens_per_second(onednn, steps):
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1" if onednn else "0"}
         env.update(TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
-        command = [sys.executable, "-m", "pipelines.train", "--output-dir", out,
+        command = [sys.executable, "-m", "pipelines", "train", "--output-dir", out,
                    "--steps", str(steps), "--steps-per-epoch", str(steps // 3),
                    "--set", "default_corpus_sizes=[5000,100,100]"]  # fmt: skip
         subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)

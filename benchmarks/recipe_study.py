@@ -44,9 +44,9 @@ def val_set(run_dir, multi30k_dir):
     """`(tokenizer, max_length, pairs)`: what translating Multi30k val with a run needs."""
     from pipelines.data import tokenizer
     from pipelines.data.corpus import load_multi30k
+    from pipelines.training.config import run_max_length
 
-    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as handle:
-        max_length = json.load(handle)["max_length"]
+    max_length = run_max_length(run_dir)
     tok = tokenizer.load_tokenizer(os.path.join(run_dir, "sentencepiece.model"))
     return tok, max_length, load_multi30k(multi30k_dir, "validation")
 
@@ -57,7 +57,7 @@ def val_bleu(model, val, beam_size=1, alpha=0.0):
 
     tok, max_length, pairs = val
     sources = [s for s, _ in pairs]
-    hypotheses = translate(model, tok, sources, max_length=max_length, beam_size=beam_size,
+    hypotheses = translate(model, tok, sources, max_source_length=max_length, beam_size=beam_size,
                            alpha=alpha)  # fmt: skip
     references = [t for _, t in pairs]
     lowercased = score(hypotheses, references, lowercase=True)["bleu"]
@@ -130,7 +130,7 @@ def main(argv=None):
         flags = ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run]
         flags += ["--max-minutes", str(args.minutes)]
         flags += [item for setting in settings for item in ("--set", setting)]
-        seconds = run_stage(f"Variant {name}", "pipelines.train", flags, env)
+        seconds = run_stage(f"Variant {name}", "train", flags, env)
         with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
             trained = json.load(handle)
         from pipelines.training.checkpoints import load_checkpoint

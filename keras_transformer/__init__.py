@@ -27,7 +27,7 @@ from keras_transformer.metrics import MaskedAccuracy
 from keras_transformer.models import PRESETS, Transformer
 from keras_transformer.schedules import TransformerSchedule, transformer_optimizer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "PRESETS",

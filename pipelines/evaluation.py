@@ -10,7 +10,7 @@ from pipelines.errors import DataError
 
 
 def translate(
-    model, tokenizer, sentences, batch_size=1024, max_length=None, beam_size=1, alpha=0.0
+    model, tokenizer, sentences, batch_size=1024, max_source_length=None, beam_size=1, alpha=0.0
 ):
     """Translations of a list of sentences, in order (greedy unless `beam_size` > 1).
 
@@ -20,14 +20,14 @@ def translate(
         sentences: list of str.
         batch_size: int, sentences per call of the graph, which searches
             them in length-sorted chunks.
-        max_length: int or None, longest source kept (in tokens, EOS included).
+        max_source_length: int or None, longest source kept (in tokens, EOS included).
         beam_size: int, 1 for greedy search.
         alpha: float, beam search's length penalty exponent.
 
     Returns:
         list of str, one translation per sentence.
     """
-    # Imported here: scoring files (`pipelines.evaluate`) needs no TensorFlow.
+    # Imported here: scoring files (`kt evaluate`) needs no TensorFlow.
     import tensorflow as tf
 
     from pipelines.serving.translation import translate_strings
@@ -35,7 +35,7 @@ def translate(
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
         texts, _ = translate_strings(
-            model, tokenizer, batch, beam_size, alpha, max_source_length=max_length
+            model, tokenizer, batch, beam_size, alpha, max_source_length=max_source_length
         )
         return texts[:, 0]
 

@@ -1,7 +1,7 @@
 """Heat maps of the encoder-decoder attention for one sentence pair.
 
 Rows are target subwords, columns source subwords, both labelled with their
-SentencePiece pieces (`python -m pipelines.attention` draws them from a run).
+SentencePiece pieces (`kt attention` draws them from a run).
 """
 
 import keras

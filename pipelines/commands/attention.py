@@ -1,6 +1,6 @@
-"""PNG heat map of the encoder-decoder attention for one sentence (`kt-attention`).
+"""PNG heat map of the encoder-decoder attention for one sentence.
 
-    python -m pipelines.attention --run-dir runs/default \\
+    kt attention --run-dir runs/default \\
         --source "Monday, March 3, 2014" --output attention.png
 
 Rows are target subwords, columns source subwords. Without `--target` the
@@ -9,11 +9,10 @@ model's own greedy translation is shown. `--layer` and `--head` pick one panel;
 and head (columns).
 """
 
-import argparse
 import sys
 
 from pipelines.commands import run
-from pipelines.training.config import add_run_arguments, run_files
+from pipelines.commands.arguments import add_run_arguments, command_parser, run_files
 
 
 def _draw(args):
@@ -33,12 +32,8 @@ def _draw(args):
     print(f"{args.output}: {width}x{height} pixels, target: {''.join(target_pieces[:-1])}")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.attention",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def main(argv=None, prog="kt attention"):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     add_run_arguments(parser)
     parser.add_argument("--source", required=True)
     parser.add_argument("--target", help="defaults to the model's greedy translation")

@@ -1,12 +1,12 @@
-"""Averages checkpoints (section 6.1: the last 5 or 20 checkpoints) (`kt-average`).
+"""Averages checkpoints (section 6.1: the last 5 or 20 checkpoints).
 
-python -m pipelines.average runs/multi30k/checkpoints/*.keras --output averaged.keras
+kt average runs/multi30k/checkpoints/*.keras --output averaged.keras
 """
 
-import argparse
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import command_parser
 
 
 def _average(args):
@@ -16,10 +16,8 @@ def _average(args):
     print(f"Averaged {len(args.checkpoints)} checkpoints into {args.output}")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.average", description=__doc__.splitlines()[0]
-    )
+def main(argv=None, prog="kt average"):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     parser.add_argument("checkpoints", nargs="+", help=".keras checkpoints of one run")
     parser.add_argument("--output", required=True, help="the averaged .keras model to write")
     return run(_average, parser.parse_args(argv))

@@ -1,23 +1,25 @@
-"""Converts a trained run to a CTranslate2 model folder (`kt-ct2-export`).
+"""Converts a trained run to a CTranslate2 model folder.
 
-    python -m pipelines.ctranslate2_export --run-dir runs/multi30k --output ct2/multi30k
+    kt ct2-export --run-dir runs/multi30k --output ct2/multi30k
 
 CTranslate2 is an optional extra (`pip install "keras-transformer[ctranslate2]"`);
 see `pipelines.serving.ctranslate2` for what the folder holds.
 """
 
-import argparse
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import (
+    add_run_arguments,
+    command_parser,
+    max_source_length,
+    run_files,
+)
 from pipelines.errors import UsageError
-from pipelines.training.config import add_run_arguments, max_source_length, run_files
 
 
-def _parse(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.ctranslate2_export", description=__doc__.splitlines()[0]
-    )
+def _parse(argv, prog):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     add_run_arguments(parser)
     parser.add_argument("--output", required=True, help="the CTranslate2 folder to write")
     parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
@@ -42,8 +44,8 @@ def _convert(args):
     print(convert(model, spm_path, args.output, max_length, args.quantization, force=args.force))
 
 
-def main(argv=None):
-    return run(_convert, _parse(argv))
+def main(argv=None, prog="kt ct2-export"):
+    return run(_convert, _parse(argv, prog))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,21 @@
-"""The whole product in one command, offline: train, export, translate, score (`kt-demo`).
+"""The whole product in one command, offline: train, export, translate, score.
 
-    python -m pipelines.demo        # what `make demo` runs
+    kt demo        # what `make demo` runs
 
-1. trains the default recipe on the embedded corpus (`pipelines.train`),
-2. exports a SavedModel to `saved_models/NAME/VERSION/` (`pipelines.export`),
+1. trains the default recipe on the embedded corpus (`kt train`),
+2. exports a SavedModel to `saved_models/NAME/VERSION/` (`kt export`),
 3. translates the held-out split with that SavedModel in a fresh process
-   that loads only TensorFlow and the export (`pipelines.translate`),
-4. scores it with sacreBLEU (`pipelines.evaluate`) and prints examples.
+   that loads only TensorFlow and the export (`kt translate`),
+4. scores it with sacreBLEU (`kt evaluate`) and prints examples.
 
 Each stage is the command a user would run, started as its own process.
 """
 
-import argparse
 import os
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import command_parser
 from pipelines.commands.stages import export_translate_score, run_stage
 from pipelines.data.corpus import read_lines
 
@@ -25,7 +25,7 @@ def _demo(args):
     train = ["--recipe", "default", "--output-dir", run_dir]
     for item in args.set:
         train += ["--set", item]
-    times = {"train": run_stage("Train the default recipe", "pipelines.train", train)}
+    times = {"train": run_stage("Train the default recipe", "train", train)}
     source, target = (
         os.path.join(run_dir, "heldout.source"),
         os.path.join(run_dir, "heldout.target"),
@@ -53,8 +53,8 @@ def _demo(args):
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__)
+def main(argv=None, prog="kt demo"):
+    parser = command_parser(prog, __doc__)
     parser.add_argument("--output-dir", default="runs/demo")
     parser.add_argument("--base", default="saved_models", help="where exports go")
     parser.add_argument("--name", default="default", help="the exported model's name")

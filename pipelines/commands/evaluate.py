@@ -1,15 +1,15 @@
-"""Scores translations against references with sacreBLEU: BLEU and chrF (`kt-evaluate`).
+"""Scores translations against references with sacreBLEU: BLEU and chrF.
 
-    python -m pipelines.evaluate --hypotheses out.de --references test.de --output scores.json
+    kt evaluate --hypotheses out.de --references test.de --output scores.json
 
 Prints each score with its sacreBLEU signature and writes the same as JSON.
 """
 
-import argparse
 import json
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import command_parser
 from pipelines.data.corpus import read_lines
 from pipelines.errors import DataError
 from pipelines.evaluation import score
@@ -31,10 +31,8 @@ def _evaluate(args):
             json.dump(scores, handle, indent=2)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.evaluate", description=__doc__.splitlines()[0]
-    )
+def main(argv=None, prog="kt evaluate"):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     parser.add_argument("--hypotheses", required=True, help="one translation a line")
     parser.add_argument("--references", required=True, help="one reference a line, aligned")
     parser.add_argument("--lowercase", action="store_true")

@@ -1,25 +1,27 @@
-"""Exports a trained run as a SavedModel for TF Serving (`kt-export`).
+"""Exports a trained run as a SavedModel for TF Serving.
 
-    python -m pipelines.export --run-dir runs/default --name default
+    kt export --run-dir runs/default --name default
 
 writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 `pipelines.serving.saved_model` for its signatures.
 """
 
-import argparse
 import os
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import (
+    add_run_arguments,
+    command_parser,
+    max_source_length,
+    run_files,
+)
 from pipelines.errors import ConfigError
 from pipelines.serving.translation import CHUNK_SIZE
-from pipelines.training.config import add_run_arguments, max_source_length, run_files
 
 
-def _parse(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.export", description=__doc__.splitlines()[0]
-    )
+def _parse(argv, prog):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     add_run_arguments(parser)
     parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
     parser.add_argument("--name", default="translator", help="model name (folder under --base)")
@@ -59,8 +61,8 @@ def _export(args):
     print(export(translator, os.path.join(args.base, args.name), args.version))
 
 
-def main(argv=None):
-    return run(_export, _parse(argv))
+def main(argv=None, prog="kt export"):
+    return run(_export, _parse(argv, prog))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The product's stages as a user runs them: each command in its own process.
 
-`pipelines.demo` and `benchmarks/multi30k_recipe.py` both train, then export,
+`kt demo` and `benchmarks/multi30k_recipe.py` both train, then export,
 translate with the SavedModel (in a process that loads only TensorFlow and the
 export) and score; they share these functions.
 """
@@ -14,12 +14,12 @@ import time
 from pipelines.errors import UsageError
 
 
-def run_stage(title, module, arguments, env=None):
-    """Runs `python -m module *arguments` in a fresh process and times it.
+def run_stage(title, command, arguments, env=None):
+    """Runs `kt command *arguments` in a fresh process and times it.
 
     Args:
         title: str, printed above the command.
-        module: str, e.g. "pipelines.train".
+        command: str, a `kt` command, e.g. "train".
         arguments: list of str.
         env: dict or None, the process environment (default: this one's).
 
@@ -30,9 +30,9 @@ def run_stage(title, module, arguments, env=None):
         UsageError: the command exited with a non-zero status (its own error
             message is already on stderr).
     """
-    print(f"\n== {title}\n$ python -m {module} {' '.join(arguments)}", flush=True)
+    print(f"\n== {title}\n$ kt {command} {' '.join(arguments)}", flush=True)
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", module, *arguments], env=env)
+    result = subprocess.run([sys.executable, "-m", "pipelines", command, *arguments], env=env)
     if result.returncode != 0:
         raise UsageError(f"{title} failed (exit {result.returncode})")
     return round(time.perf_counter() - started, 1)
@@ -61,7 +61,7 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
     seconds = {
         "export": run_stage(
             "Export a SavedModel for TF Serving",
-            "pipelines.export",
+            "export",
             # `nbest` returns every hypothesis of the beam.
             ["--run-dir", run_dir, "--base", base, "--name", name, *beam, "--nbest", beam_size],
             env,
@@ -70,7 +70,7 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
     translation = f"{prefix}.translation"
     seconds["translate"] = run_stage(
         "Translate with the SavedModel",
-        "pipelines.translate",
+        "translate",
         ["--model", export_dir, "--input", source, "--output", translation, *beam],
         env,
     )
@@ -80,7 +80,7 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
     scores = {}
     for case, (flags, path) in cases.items():
         arguments = ["--hypotheses", translation, "--references", reference, "--output", path]
-        run_stage(f"Score it with sacreBLEU ({case})", "pipelines.evaluate", arguments + flags, env)
+        run_stage(f"Score it with sacreBLEU ({case})", "evaluate", arguments + flags, env)
         scores[case] = _read_json(path)
     return seconds, scores
 

@@ -1,19 +1,21 @@
-"""Trains a Transformer (`kt-train`).
+"""Trains a Transformer from a recipe, a config file and settings.
 
 With no arguments it trains the `default` recipe on the embedded CLDR corpus.
 Examples:
-    python -m pipelines.train
-    python -m pipelines.train --recipe multi30k --multi30k-dir data/multi30k
-    python -m pipelines.train --recipe base --corpus files \
+    kt train
+    kt train --recipe multi30k --multi30k-dir data/multi30k
+    kt train --recipe base --corpus files \\
         --train-files train.en train.de --validation-files dev.en dev.de
-    python -m pipelines.train --config my_run.json --set model.dropout=0.2
-    python -m pipelines.train --max-minutes 30 --cooldown 0.3
-    python -m pipelines.train --subword-sampling 0.1 --set subword_copies=8
+    kt train --config my_run.json --set model.dropout=0.2
+    kt train --max-minutes 30 --cooldown 0.3
+    kt train --recipe multi30k --multi30k-dir data/multi30k --print-config
 
-Outputs under `--output-dir`: config.json, sentencepiece.model, checkpoints/
-(one `.keras` per epoch), backup/ (BackupAndRestore: rerunning the same
-command after a crash resumes), logs/ (TensorBoard), model.keras, result.json.
-Under MultiWorkerMirroredStrategy (TF_CONFIG with several workers) worker 0
+Every setting is a flag (`--batch-tokens 2048`) and can be set with
+`--set NAME=VALUE` or `--set GROUP.NAME=VALUE` (a JSON value). Outputs under
+`--output-dir`: config.json, sentencepiece.model, checkpoints/ (one `.keras`
+per epoch), backup/ (rerunning the same command after a crash resumes),
+logs/ (TensorBoard), model.keras, result.json. Under
+MultiWorkerMirroredStrategy (TF_CONFIG with several workers) worker 0
 writes there and every other worker under `workers/worker-N/`.
 """
 
@@ -23,97 +25,79 @@ import logging
 import sys
 
 from pipelines.commands import run
+from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
-from pipelines.training.config import load_config
+from pipelines.training.config import base_type, load_config, recipe_names, settings
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.train",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n", 2)[2],
-    )
-    parser.add_argument("--recipe", default="default", help="default, multi30k, base or big")
-    parser.add_argument("--config", help="JSON file of settings, applied over the recipe")
-    parser.add_argument("--corpus", help="default, multi30k, files or tfds")
-    parser.add_argument("--multi30k-dir", help="folder with Multi30k's train/val/test .gz files")
-    parser.add_argument("--train-files", nargs=2, metavar=("SOURCE", "TARGET"))
-    parser.add_argument("--validation-files", nargs=2, metavar=("SOURCE", "TARGET"))
-    parser.add_argument("--tfds", dest="tfds_name", help="e.g. wmt14_translate/de-en")
-    parser.add_argument("--tfds-data-dir")
-    parser.add_argument("--source-language")
-    parser.add_argument("--target-language")
-    parser.add_argument("--target-locale", help="CLDR locale of the default corpus targets")
-    parser.add_argument("--preset", help="transformer_small, transformer_base or transformer_big")
-    parser.add_argument("--vocabulary-size", type=int)
-    parser.add_argument("--batch-tokens", type=int, help="tokens per side of a batch")
-    parser.add_argument("--max-length", type=int)
-    parser.add_argument(
-        "--subword-sampling",
-        type=float,
-        help="BPE-dropout on the training pairs: probability of skipping a merge",
-    )
-    parser.add_argument("--steps", type=int, help="total optimizer steps")
-    parser.add_argument("--steps-per-epoch", type=int)
-    parser.add_argument("--warmup-steps", type=int)
-    parser.add_argument("--accumulation-steps", type=int, help="micro-batches per step")
-    parser.add_argument("--mixed-precision", choices=("mixed_bfloat16", "mixed_float16"))
-    parser.add_argument("--xla", action="store_true", default=None)
-    parser.add_argument("--output-dir")
-    parser.add_argument("--backup-every", type=int, help="steps between backups")
-    parser.add_argument("--early-stopping-patience", type=int)
-    parser.add_argument("--average-last", type=int, help="average the last N epoch checkpoints")
-    parser.add_argument(
-        "--max-minutes",
-        type=float,
-        help="a wall-clock budget: the run is planned to end inside it (--steps is then a cap)",
-    )
-    parser.add_argument(
-        "--cooldown", type=float, help="fraction of the run over which the rate falls to 0"
-    )
-    parser.add_argument("--seed", type=int)
+def _add_setting_flags(parser):
+    """One flag per declared setting, in one argument group per concern."""
+    for group_name in dict.fromkeys(s.group for s in settings()):
+        group = parser.add_argument_group(f"{group_name} settings")
+        for item in (s for s in settings() if s.group == group_name):
+            flag = "--" + item.name.replace("_", "-")
+            base, _, _ = base_type(item.type)
+            options = {"dest": item.name, "default": argparse.SUPPRESS}
+            help = f"{item.help} (default: {json.dumps(item.default)})"
+            if base is bool:
+                group.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, help=help, **options
+                )
+                continue
+            if base is list:
+                options["nargs"] = item.limits.get("nargs", "+")
+            if "choices" in item.limits:
+                options["metavar"] = "{" + ",".join(map(str, item.limits["choices"])) + "}"
+            else:
+                options["metavar"] = item.name.upper() if base is not list else "VALUE"
+            group.add_argument(flag, help=help, **options)
+
+
+def parse_args(argv, prog="kt train"):
+    parser = command_parser(prog, __doc__)
+    parser.add_argument("--recipe", default="default", help=f"one of {recipe_names()}")
+    parser.add_argument("--config", help="JSON file of settings (nested by group), over the recipe")
     parser.add_argument(
         "--set",
         action="append",
         default=[],
-        metavar="KEY=VALUE",
-        help="any setting, JSON value; model.NAME sets a model argument",
+        metavar="NAME=VALUE",
+        help="any setting, a JSON value; GROUP.NAME also works (model.dropout=0.2)",
     )
-    return parser, parser.parse_args(argv)
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved settings and exit"
+    )
+    _add_setting_flags(parser)
+    return parser.parse_args(argv)
 
 
-def _overrides(args):
-    """`(flags, settings)` for `load_config`: flags given, and the `--set` values."""
-    skip = {"recipe", "config", "set"}
-    flags = {k: v for k, v in vars(args).items() if k not in skip}
-    settings, model = {}, {}
+def _settings(args):
+    """`{name: value}` from the setting flags given, then the `--set` items."""
+    skip = {"recipe", "config", "set", "print_config"}
+    values = {k: v for k, v in vars(args).items() if k not in skip}
     for item in args.set:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise ConfigError(f"--set expects KEY=VALUE. Received: {item!r}")
+            raise ConfigError(f"--set expects NAME=VALUE. Received: {item!r}")
         try:
-            value = json.loads(raw)
+            values[key] = json.loads(raw)
         except json.JSONDecodeError:
-            value = raw
-        if key.startswith("model."):
-            model[key[len("model.") :]] = value
-        else:
-            settings[key] = value
-    if model:
-        settings["model"] = model
-    return flags, settings
+            values[key] = raw
+    return values
 
 
 def _train(args):
-    config = load_config(args.recipe, args.config, *_overrides(args))
+    config = load_config(args.recipe, args.config, _settings(args))
+    if args.print_config:
+        print(config.to_json())
+        return 0
     from pipelines.training.run import run_training  # imports TensorFlow: after validation
 
     print(json.dumps(run_training(config), indent=2))
 
 
-def main(argv=None):
-    _, args = parse_args(argv)
+def main(argv=None, prog="kt train"):
+    args = parse_args(argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     return run(_train, args)
 

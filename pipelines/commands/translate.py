@@ -1,6 +1,6 @@
-"""Translates a file (or stdin) with an exported SavedModel (`kt-translate`).
+"""Translates a file (or stdin) with an exported SavedModel.
 
-    python -m pipelines.translate --model saved_models/default < input.en > output.de
+    kt translate --model saved_models/default < input.en > output.de
 
 `--model` is a version folder (`saved_models/default/1`) or a model folder,
 whose highest version is used. Sentences are sorted by length into batches,
@@ -9,12 +9,12 @@ input order, one line per input line (an empty line gives an empty line).
 Progress goes to stderr.
 """
 
-import argparse
 import os
 import sys
 import time
 
 from pipelines.commands import run
+from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError, DataError
 
 
@@ -53,10 +53,8 @@ def _translate(args):
         sys.stdout.write(text)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.translate", description=__doc__.splitlines()[0]
-    )
+def main(argv=None, prog="kt translate"):
+    parser = command_parser(prog, __doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="saved_models/NAME or NAME/VERSION")
     parser.add_argument("--input", help="a text file; defaults to stdin")
     parser.add_argument("--output", help="defaults to stdout")

@@ -93,3 +93,37 @@ def load_tokenizer(model_path):
 def vocabulary_size(model_path):
     """Returns the number of pieces in a SentencePiece model file."""
     return spm.SentencePieceProcessor(model_file=model_path).get_piece_size()
+
+
+def special_ids(model_path):
+    """The padding, start and end ids a SentencePiece model file reserves.
+
+    The model is built with these (`Transformer(**special_ids(path))`), so the
+    vocabulary is the one source of the special ids; `check_special_ids`
+    confirms a trained model agrees before it is exported.
+
+    Returns:
+        dict with int `pad_id`, `bos_id`, `eos_id`.
+    """
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+    return {
+        "pad_id": processor.pad_id(),
+        "bos_id": processor.bos_id(),
+        "eos_id": processor.eos_id(),
+    }
+
+
+def check_special_ids(model, model_path):
+    """Raises `DataError` if `model`'s special ids differ from the vocabulary's.
+
+    Args:
+        model: a `Transformer` (or anything with `pad_id`, `bos_id`, `eos_id`).
+        model_path: str, the SentencePiece model it was trained with.
+    """
+    expected = special_ids(model_path)
+    found = {name: getattr(model, name) for name in expected}
+    if found != expected:
+        raise DataError(
+            f"the model's special ids {found} differ from those of {model_path} {expected}: "
+            "was it trained with another vocabulary?"
+        )

@@ -4,12 +4,12 @@ CTranslate2 is a C++ inference engine for Transformer translation models. It
 is an optional extra (`pip install "keras-transformer[ctranslate2]"`); this
 module imports it only when called.
 
-    python -m pipelines.ctranslate2_export --run-dir runs/multi30k --output ct2/multi30k
+    kt ct2-export --run-dir runs/multi30k --output ct2/multi30k
 
 The folder holds `model.bin`, `config.json`, the shared vocabulary and a copy
 of `sentencepiece.model`. `CTranslate2Translator` wraps it with the same
 tokenization as the SavedModel export: SentencePiece pieces, EOS appended to
-the source, sources longer than `max_length - 1` pieces truncated.
+the source, sources longer than `max_source_length - 1` pieces truncated.
 
 CTranslate2 ranks finished hypotheses by `log p / length**length_penalty`
 rather than GNMT's `((5 + length) / 6)**alpha`, so only with no length penalty
@@ -26,6 +26,7 @@ import shutil
 
 import numpy as np
 
+from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 
 _ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
@@ -153,14 +154,14 @@ def model_spec(model, pieces, num_positions=1024):
     return spec
 
 
-def convert(model, spm_path, output_dir, max_length=128, quantization=None, force=False):
+def convert(model, spm_path, output_dir, max_source_length=128, quantization=None, force=False):
     """Writes a CTranslate2 model folder for `model`.
 
     Args:
         model: a built `keras_transformer.Transformer`.
         spm_path: str, its SentencePiece model (copied into the folder).
         output_dir: str, the folder to write.
-        max_length: int, the most source pieces kept (EOS included), as in training.
+        max_source_length: int, the most source pieces kept (EOS included), as in training.
         quantization: str or None, e.g. "int8" (CTranslate2's weight types).
         force: bool, replace an existing folder.
 
@@ -171,9 +172,10 @@ def convert(model, spm_path, output_dir, max_length=128, quantization=None, forc
 
     if os.path.exists(output_dir) and not force:
         raise ExportError(f"{output_dir} exists; pass force=True (--force) to replace it")
+    check_special_ids(model, spm_path)
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    spec = model_spec(model, pieces, num_positions=max_length + 51)
+    spec = model_spec(model, pieces, num_positions=max_source_length + 51)
     spec.validate()
     spec.optimize(quantization=quantization)
     staging = f"{output_dir}.partial"
@@ -182,7 +184,7 @@ def convert(model, spm_path, output_dir, max_length=128, quantization=None, forc
     spec.save(staging)
     shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
-        json.dump({"max_length": max_length}, handle)
+        json.dump({"max_source_length": max_source_length}, handle)
     shutil.rmtree(output_dir, ignore_errors=True)
     os.rename(staging, output_dir)
     return output_dir
@@ -209,7 +211,9 @@ class CTranslate2Translator:
             model_file=os.path.join(path, "sentencepiece.model")
         )
         with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as handle:
-            self.max_length = json.load(handle)["max_length"]
+            options = json.load(handle)
+            # Folders written by 0.1.0 name it max_length.
+            self.max_source_length = options.get("max_source_length", options.get("max_length"))
 
     def translate(self, sentences, beam_size=4, length_penalty=0.6, batch_size=64):
         """Translates `sentences` (list of str) in order.
@@ -223,7 +227,9 @@ class CTranslate2Translator:
         Returns:
             `(translations, scores, token_counts)`: lists of str, float, int.
         """
-        pieces = [p[: self.max_length - 1] for p in self.processor.encode(sentences, out_type=str)]
+        pieces = [
+            p[: self.max_source_length - 1] for p in self.processor.encode(sentences, out_type=str)
+        ]
         longest = max((len(p) for p in pieces), default=0)
         results = self.translator.translate_batch(
             pieces,

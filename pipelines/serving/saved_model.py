@@ -2,7 +2,7 @@
 
 `export(Translator(model, ...), "saved_models/default")` writes
 `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout; the command is
-`python -m pipelines.export`). The SavedModel
+`kt export`). The SavedModel
 holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
 does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
 search with the key/value cache over length-sorted chunks of the request,
@@ -29,6 +29,7 @@ import tempfile
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.serving.translation import CHUNK_SIZE, translate_strings
 from pipelines.serving.versions import next_version
@@ -70,6 +71,7 @@ class Translator(tf.Module):
         chunk_size=CHUNK_SIZE,
     ):
         super().__init__(name="translator")
+        check_special_ids(model, sentencepiece_path)
         # The file ships in the SavedModel's assets/ for users and other
         # runtimes; tf-text's tokenizer op takes the proto as an attribute, so
         # the graph holds its own copy of the same bytes.

@@ -59,14 +59,14 @@ def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True, 
     return tf.cond(tf.equal(beam_size, 1), greedy, beam)
 
 
-def encode(tokenizer, sentences, eos_id, max_length=None):
+def encode(tokenizer, sentences, eos_id, max_source_length=None):
     """UTF-8-repaired sentences to ragged source ids, as training encodes them.
 
     Args:
         tokenizer: a tensorflow-text SentencePiece tokenizer.
         sentences: string `(B,)`; bytes that are not UTF-8 become U+FFFD.
         eos_id: int, appended to every source.
-        max_length: int or None, the most ids kept per source (EOS included).
+        max_source_length: int or None, the most ids kept per source (EOS included).
 
     Returns:
         int32 ragged `(B, None)` ids.
@@ -75,8 +75,8 @@ def encode(tokenizer, sentences, eos_id, max_length=None):
         sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
     )
     pieces = tf.cast(tokenizer.tokenize(sentences), tf.int32)  # ragged (B, None)
-    if max_length:
-        pieces = pieces[:, : max_length - 1]
+    if max_source_length:
+        pieces = pieces[:, : max_source_length - 1]
     eos = tf.fill([tf.shape(sentences)[0], 1], eos_id)
     return tf.concat([pieces, eos], axis=1)
 

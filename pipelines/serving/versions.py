@@ -1,7 +1,7 @@
 """TF Serving's model layout: `BASE/NAME/VERSION/` with integer versions.
 
 Kept free of Keras and of `keras_transformer`, so a process that only loads
-SavedModels (`python -m pipelines.translate`) imports just TensorFlow.
+SavedModels (`kt translate`) imports just TensorFlow.
 """
 
 import os

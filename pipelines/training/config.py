@@ -1,215 +1,427 @@
-"""Training configuration: named recipes, a JSON config file, and flags.
+"""Training configuration: typed settings grouped by concern, recipes, one validation.
 
-The model's hyperparameters (`model`, passed to `Transformer.from_preset`) stay
-apart from the run settings (data, tokenizer, batching, schedule, outputs).
-Later sources override earlier ones: recipe, then config file, then flags.
+Every setting is declared once, below, as a dataclass field with its type,
+default, help and limits; the `kt train` flags, the checks and the settings
+table in docs/training.md are all derived from these declarations. Sources
+apply in order: recipe (`pipelines/training/recipes/NAME.json`), then a
+config file, then flags and `--set` values. The result is checked as a whole
+by `validate` before any data is read.
+
+Dataclasses with one generic loader rather than a validation library
+(pydantic, attrs): the types are few (numbers, strings, booleans, lists of
+them, None), and our own checks give the one-line `error:` messages every
+command promises, naming the setting and the value, without a dependency.
 """
 
 import dataclasses
+import importlib.resources
 import json
 import os
+import types
+import typing
 
 from keras_transformer.models.presets import PRESETS
-from pipelines.data.default_corpus import DEFAULT_SIZES
 from pipelines.errors import ConfigError
-from pipelines.training.recipes import RECIPES
 
 CORPORA = ("default", "multi30k", "files", "tfds")
 MODEL_SIZES = ("num_layers", "hidden_dim", "intermediate_dim", "num_heads")
 
 
+def setting(default, help, low=None, high=None, above=None, below=None, choices=None, nargs=None):
+    """A declared setting: a dataclass field whose metadata the flags and checks read.
+
+    Args:
+        default: the value when no source sets it (a list is copied per config).
+        help: str, one line for `--help` and the docs.
+        low, high: inclusive limits of a number; above, below: exclusive ones.
+        choices: tuple of the allowed values, or None.
+        nargs: int, the values a list flag takes (e.g. 2 for SOURCE TARGET).
+    """
+    metadata = {"help": help, "low": low, "high": high, "above": above, "below": below}
+    metadata.update({"choices": choices, "nargs": nargs})
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the training pairs come from."""
+
+    corpus: str = setting("default", "the training corpus", choices=CORPORA)
+    multi30k_dir: str | None = setting(None, "folder of Multi30k's train/val/test .gz files")
+    source_language: str = setting("en", "Multi30k source language")
+    target_language: str = setting("de", "Multi30k target language")
+    train_files: list[str] | None = setting(None, "aligned SOURCE TARGET text files", nargs=2)
+    validation_files: list[str] | None = setting(None, "aligned SOURCE TARGET files", nargs=2)
+    tfds_name: str | None = setting(None, "a TFDS translation dataset, e.g. wmt14_translate/de-en")
+    tfds_data_dir: str | None = setting(None, "TFDS data folder")
+    tfds_train_split: str = setting("train", "TFDS training split")
+    tfds_validation_split: str = setting("validation", "TFDS validation split")
+    target_locale: str = setting("de", "CLDR locale of the default corpus's targets")
+    default_corpus_sizes: list[int] = setting(
+        [20000, 500, 500], "train, validation, test sizes of the default corpus", low=1, nargs=3
+    )
+
+
+@dataclasses.dataclass
+class BatchingConfig:
+    """The tokenizer and the batches."""
+
+    vocabulary_size: int = setting(8000, "SentencePiece pieces, shared by both sides", low=8)
+    batch_tokens: int = setting(4096, "tokens per side of a batch", low=1)
+    max_length: int = setting(
+        128, "longest training sentence in pieces; longer pairs dropped", low=2
+    )
+    subword_sampling: float = setting(
+        0.0, "BPE-dropout: probability of skipping a merge (0: off)", low=0.0, below=1.0
+    )
+    subword_copies: int = setting(4, "sampled segmentations of the corpus made", low=1)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The `Transformer`: a preset, and any of its arguments (None: the preset's)."""
+
+    preset: str | None = setting("transformer_small", "a named preset", choices=tuple(PRESETS))
+    num_layers: int | None = setting(None, "layers N of the encoder and of the decoder", low=1)
+    hidden_dim: int | None = setting(None, "model size d_model", low=1)
+    intermediate_dim: int | None = setting(None, "feed-forward size d_ff", low=1)
+    num_heads: int | None = setting(None, "attention heads h; must divide hidden_dim", low=1)
+    dropout: float | None = setting(None, "residual and embedding dropout", low=0.0, below=1.0)
+    attention_dropout: float | None = setting(
+        None, "dropout on attention probabilities", low=0.0, below=1.0
+    )
+    activation: str | None = setting(None, "feed-forward activation (a Keras name)")
+    layer_norm_epsilon: float | None = setting(None, "LayerNorm epsilon", above=0.0, high=1.0)
+    normalize_first: bool | None = setting(None, "pre-norm layers instead of post-norm")
+    share_source_target_embeddings: bool | None = setting(None, "one source/target embedding")
+    tie_output_embeddings: bool | None = setting(None, "target embedding as output projection")
+    learned_positions: bool | None = setting(None, "learned positions instead of sinusoids")
+    max_positions: int | None = setting(None, "positions a learned table covers", low=1)
+
+
+@dataclasses.dataclass
+class OptimizationConfig:
+    """Steps, schedule, loss and numerics."""
+
+    steps: int | None = setting(
+        10000, "optimizer steps; null with max_minutes: as many as fit", low=1
+    )
+    steps_per_epoch: int = setting(1000, "steps between checkpoints and validation", low=1)
+    warmup_steps: int = setting(4000, "warm-up steps of eq. (3)", low=1)
+    learning_rate_scale: float = setting(1.0, "multiplier on eq. (3)", above=0.0)
+    cooldown: float = setting(
+        0.0, "fraction of the run over which the rate falls to 0", low=0.0, high=1.0
+    )
+    label_smoothing: float = setting(0.1, "label smoothing epsilon_ls", low=0.0, below=1.0)
+    accumulation_steps: int = setting(1, "micro-batches per optimizer step", low=1)
+    mixed_precision: str | None = setting(
+        None, "a mixed precision policy", choices=("mixed_bfloat16", "mixed_float16")
+    )
+    xla: bool = setting(False, "compile the train step with XLA")
+    seed: int = setting(0, "random seed of data order, initialization and dropout", low=0)
+
+
+@dataclasses.dataclass
+class BudgetConfig:
+    """A wall-clock budget that sets the run's length (`TimeBudget`)."""
+
+    max_minutes: float | None = setting(None, "the run ends inside this many minutes", above=0.0)
+    reserve_minutes: float = setting(2.0, "minutes kept for averaging and evaluation", low=0.0)
+
+
+@dataclasses.dataclass
+class OutputConfig:
+    """What the run writes and keeps."""
+
+    output_dir: str = setting("runs/default", "the run's folder")
+    backup_every: int = setting(100, "steps between resumable backups", low=1)
+    early_stopping_patience: int | None = setting(None, "epochs without a better val_loss", low=1)
+    average_last: int = setting(1, "epoch checkpoints averaged into model.keras", low=1)
+
+
+GROUPS = {
+    "data": DataConfig,
+    "batching": BatchingConfig,
+    "model": ModelConfig,
+    "optimization": OptimizationConfig,
+    "budget": BudgetConfig,
+    "output": OutputConfig,
+}
+
+
 @dataclasses.dataclass
 class TrainConfig:
-    """Everything one training run needs. See `RECIPES` for worked examples."""
+    """Everything one training run needs, by group: `config.batching.batch_tokens`."""
 
-    # Data.
-    corpus: str = "default"
-    multi30k_dir: str | None = None
-    source_language: str = "en"
-    target_language: str = "de"
-    train_files: list | None = None  # [source, target]
-    validation_files: list | None = None  # [source, target]
-    tfds_name: str | None = None
-    tfds_data_dir: str | None = None
-    tfds_train_split: str = "train"
-    tfds_validation_split: str = "validation"
-    target_locale: str = "de"
-    default_corpus_sizes: list = dataclasses.field(default_factory=lambda: list(DEFAULT_SIZES))
-    # Tokenizer and batching.
-    vocabulary_size: int = 8000
-    batch_tokens: int = 4096
-    max_length: int = 128
-    # BPE-dropout on the training pairs (`batching.sampled_examples`): the
-    # probability of skipping a merge (0: off) and the sampled copies of the
-    # corpus made before training.
-    subword_sampling: float = 0.0
-    subword_copies: int = 4
-    # Model: a preset plus overrides of its arguments, or no preset and every
-    # size argument in `model`.
-    preset: str | None = "transformer_small"
-    model: dict = dataclasses.field(default_factory=dict)
-    # Optimization. `steps` may be None with `max_minutes`: as many as fit.
-    steps: int | None = 10000
-    steps_per_epoch: int = 1000
-    warmup_steps: int = 4000
-    learning_rate_scale: float = 1.0
-    # The fraction of the run over which the rate falls linearly to 0
-    # (`TransformerSchedule`); 0 keeps eq. (3).
-    cooldown: float = 0.0
-    label_smoothing: float = 0.1
-    accumulation_steps: int = 1
-    mixed_precision: str | None = None  # "mixed_bfloat16" or "mixed_float16"
-    xla: bool = False
-    # Outputs.
-    output_dir: str = "runs/default"
-    backup_every: int = 100
-    early_stopping_patience: int | None = None
-    # A wall-clock budget that sets the run's length (`TimeBudget`), keeping
-    # `reserve_minutes` of it for averaging and evaluation.
-    max_minutes: float | None = None
-    reserve_minutes: float = 2.0
-    average_last: int = 1
-    seed: int = 0
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    batching: BatchingConfig = dataclasses.field(default_factory=BatchingConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimization: OptimizationConfig = dataclasses.field(default_factory=OptimizationConfig)
+    budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
+    output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
 
-    def validate(self):
-        """Raises `ConfigError` naming the first bad setting."""
-        if self.corpus not in CORPORA:
-            raise ConfigError(f"Unknown corpus {self.corpus!r}; expected one of {list(CORPORA)}")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise ConfigError(f"Unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
-        missing = [name for name in MODEL_SIZES if name not in self.model_arguments(1)]
-        if missing:
-            raise ConfigError(f"With no preset, model needs {missing} (--set model.NAME=VALUE)")
-        if self.corpus == "multi30k" and not self.multi30k_dir:
-            raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
-        if self.corpus == "files" and not self.train_files:
-            raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
-        if self.corpus == "tfds" and not self.tfds_name:
-            raise ConfigError("corpus 'tfds' needs tfds_name (--tfds NAME)")
-        if self.steps is None and not self.max_minutes:
-            raise ConfigError("steps may be left out (null) only with max_minutes")
-        for name in (
-            "steps_per_epoch",
-            "batch_tokens",
-            "max_length",
-            "accumulation_steps",
-            "subword_copies",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"{name} must be positive. Received: {name}={getattr(self, name)}"
-                )
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"steps must be positive. Received: steps={self.steps}")
-        if self.max_minutes is not None and self.max_minutes <= self.reserve_minutes:
-            raise ConfigError(
-                f"max_minutes must be more than reserve_minutes ({self.reserve_minutes}). "
-                f"Received: max_minutes={self.max_minutes}"
-            )
-        if not 0.0 <= self.subword_sampling < 1.0:
-            raise ConfigError(
-                f"subword_sampling must be in [0, 1). Received: "
-                f"subword_sampling={self.subword_sampling}"
-            )
-        if not 0.0 <= self.cooldown <= 1.0:
-            raise ConfigError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
-        if self.batch_tokens < self.max_length:
-            raise ConfigError(
-                f"batch_tokens ({self.batch_tokens}) must be at least "
-                f"max_length ({self.max_length})"
-            )
-        return self
+    def model_arguments(self, vocabulary_size, special_ids=None):
+        """Arguments for `Transformer(**arguments)`: the preset's, then those set.
 
-    def model_arguments(self, vocabulary_size):
-        """Arguments for `Transformer(**arguments)`: the preset's, then `model`'s."""
-        preset = PRESETS[self.preset] if self.preset else {}
-        return {"vocabulary_size": vocabulary_size, **preset, **self.model}
+        Args:
+            vocabulary_size: int, the tokenizer's size.
+            special_ids: dict or None, `pad_id`, `bos_id`, `eos_id` of the
+                tokenizer (`tokenizer.special_ids`), so that they agree.
+        """
+        model = self.model
+        arguments = dict(PRESETS[model.preset]) if model.preset else {}
+        for field in dataclasses.fields(model):
+            value = getattr(model, field.name)
+            if field.name != "preset" and value is not None:
+                arguments[field.name] = value
+        return {"vocabulary_size": vocabulary_size, **arguments, **(special_ids or {})}
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
 
     def to_json(self):
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2)
 
 
-def _merge(config, values, origin):
-    fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    # A preset set here replaces the model of earlier sources; `model` set
-    # here (applied after it) still overrides the new preset's arguments.
-    for key, value in sorted(values.items(), key=lambda item: item[0] != "preset"):
-        if key not in fields:
-            raise ConfigError(f"Unknown setting {key!r} in {origin}")
-        if key == "preset" and value != config.preset:
-            config.model = {}
-        if key == "model":
-            value = {**config.model, **value}
-        setattr(config, key, value)
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One declared setting, as the flags, checks and docs see it."""
+
+    group: str
+    name: str
+    type: object
+    default: object
+    help: str
+    limits: dict
+
+
+def settings():
+    """Every declared setting, group by group, in declaration order."""
+    found = []
+    for group, cls in GROUPS.items():
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            default = field.default_factory() if callable(field.default_factory) else field.default
+            limits = {k: v for k, v in field.metadata.items() if k != "help" and v is not None}
+            found.append(
+                Setting(
+                    group, field.name, hints[field.name], default, field.metadata["help"], limits
+                )
+            )
+    return found
+
+
+SETTINGS = {s.name: s for s in settings()}  # names are unique across groups (tested)
+
+
+def base_type(annotation):
+    """`(base, optional, item)` of a type hint.
+
+    `int | None` gives `(int, True, None)`; `list[str]` gives `(list, False, str)`.
+    """
+    optional = False
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional, annotation = True, members[0]
+    if typing.get_origin(annotation) is list:
+        return list, optional, typing.get_args(annotation)[0]
+    return annotation, optional, None
+
+
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _scalar(value, kind, name, shown):
+    """`value` as `kind`, from a JSON value or a flag's string; ConfigError if it is not one."""
+    if isinstance(value, str) and kind is not str:
+        text = value.strip().lower()
+        if kind is bool and text in ("true", "false", "1", "0", "yes", "no"):
+            return text in ("true", "1", "yes")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise ConfigError(f"{name} must be {_NAMES[kind]}. Received: {name}={shown!r}")
+    return value
+
+
+def coerce(name, value):
+    """`value` (JSON, or a flag's string) as setting `name`'s declared type.
+
+    Raises:
+        ConfigError: naming the setting and the value, if it is of another type.
+    """
+    base, optional, item = base_type(SETTINGS[name].type)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("null", "none")):
+        if optional:
+            return None
+        raise ConfigError(f"{name} may not be null. Received: {name}={value!r}")
+    if base is list:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = value.split(",")
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list. Received: {name}={value!r}")
+        return [_scalar(v, item, name, value) for v in value]
+    return _scalar(value, base, name, value)
+
+
+def _check_limits(name, value):
+    limits = SETTINGS[name].limits
+    values = value if isinstance(value, list) else [value]
+    if "nargs" in limits and isinstance(value, list) and len(value) != limits["nargs"]:
+        raise ConfigError(f"{name} takes {limits['nargs']} values. Received: {name}={value!r}")
+    for v in values:
+        if "choices" in limits and v not in limits["choices"]:
+            raise ConfigError(
+                f"{name} must be one of {list(limits['choices'])}. Received: {name}={value!r}"
+            )
+        bounds = [
+            ("low", lambda v, b: v >= b, "at least"),
+            ("high", lambda v, b: v <= b, "at most"),
+            ("above", lambda v, b: v > b, "more than"),
+            ("below", lambda v, b: v < b, "less than"),
+        ]
+        for key, holds, words in bounds:
+            if key in limits and not holds(v, limits[key]):
+                raise ConfigError(
+                    f"{name} must be {words} {limits[key]}. Received: {name}={value!r}"
+                )
+
+
+def validate(config):
+    """Checks every setting's range and the rules between settings.
+
+    Returns:
+        `config`.
+
+    Raises:
+        ConfigError: naming the first bad setting and its value.
+    """
+    for item in settings():
+        value = getattr(getattr(config, item.group), item.name)
+        if value is not None:
+            _check_limits(item.name, value)
+    data, model, optimization = config.data, config.model, config.optimization
+    if data.corpus == "multi30k" and not data.multi30k_dir:
+        raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
+    if data.corpus == "files" and not data.train_files:
+        raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
+    if data.corpus == "tfds" and not data.tfds_name:
+        raise ConfigError("corpus 'tfds' needs tfds_name (--tfds-name NAME)")
+    arguments = config.model_arguments(config.batching.vocabulary_size)
+    missing = [name for name in MODEL_SIZES if name not in arguments]
+    if missing:
+        raise ConfigError(f"With no preset, the model needs {missing} (--set model.NAME=VALUE)")
+    if arguments["hidden_dim"] % arguments["num_heads"]:
+        raise ConfigError(
+            f"num_heads must divide hidden_dim ({arguments['hidden_dim']}). "
+            f"Received: num_heads={arguments['num_heads']}"
+        )
+    if model.learned_positions and not model.max_positions:
+        raise ConfigError("learned_positions needs max_positions (--max-positions)")
+    if optimization.steps is None and not config.budget.max_minutes:
+        raise ConfigError("steps may be left out (null) only with max_minutes")
+    budget = config.budget
+    if budget.max_minutes is not None and budget.max_minutes <= budget.reserve_minutes:
+        raise ConfigError(
+            f"max_minutes must be more than reserve_minutes ({budget.reserve_minutes}). "
+            f"Received: max_minutes={budget.max_minutes}"
+        )
+    if config.batching.batch_tokens < config.batching.max_length:
+        raise ConfigError(
+            f"batch_tokens must be at least max_length ({config.batching.max_length}). "
+            f"Received: batch_tokens={config.batching.batch_tokens}"
+        )
     return config
 
 
-def load_config(recipe="default", config_file=None, overrides=None, settings=None):
-    """Builds a `TrainConfig` from a recipe, a JSON file and flag overrides.
+def recipe_names():
+    """The recipes shipped in `pipelines/training/recipes/`."""
+    folder = importlib.resources.files("pipelines.training") / "recipes"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def read_recipe(name):
+    """Recipe `name`'s settings, nested by group."""
+    if name not in recipe_names():
+        raise ConfigError(f"recipe must be one of {recipe_names()}. Received: recipe={name!r}")
+    path = importlib.resources.files("pipelines.training") / "recipes" / f"{name}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def flatten(values, origin):
+    """`{"group.name" or "name": value}` or a nested `{group: {name: value}}` -> `{name: value}`.
+
+    Raises:
+        ConfigError: for a name that is not a setting, or a group that is not an object.
+    """
+    if not isinstance(values, dict):
+        raise ConfigError(f"{origin} must hold a JSON object of settings")
+    flat = {}
+    for key, value in values.items():
+        if key in GROUPS and isinstance(value, dict):
+            for name, inner in value.items():
+                flat.update(flatten({f"{key}.{name}": inner}, origin))
+            continue
+        group, _, name = key.rpartition(".")
+        if name not in SETTINGS or (group and SETTINGS[name].group != group):
+            raise ConfigError(f"Unknown setting {key!r} in {origin}")
+        flat[name] = value
+    return flat
+
+
+def _apply(config, values, origin):
+    """Sets the flat `values` on `config`; a preset set here clears the model's other settings."""
+    if "preset" in values and values["preset"] != config.model.preset:
+        config.model = ModelConfig(preset=None)
+    for name, value in sorted(values.items(), key=lambda item: item[0] != "preset"):
+        setattr(getattr(config, SETTINGS[name].group), name, coerce(name, value))
+    return config
+
+
+def load_config(recipe="default", config_file=None, settings=None):
+    """Builds and validates a `TrainConfig` from a recipe, a JSON file and settings.
 
     Args:
-        recipe: str, a name in `RECIPES`.
-        config_file: str or None, a JSON object of `TrainConfig` fields.
-        overrides: dict or None, fields set from flags; None values are
-            ignored (a flag not given).
-        settings: dict or None, fields set last (`--set KEY=VALUE`); a None
-            value sets the field to None (`--set steps=null`).
+        recipe: str, a name in `recipe_names()`.
+        config_file: str or None, a JSON object nested by group (or of
+            `group.name` / `name` keys).
+        settings: dict or None, `{name or group.name: value}` set last (flags
+            and `--set`); values are JSON values or strings to parse.
 
     Returns:
         a validated `TrainConfig`.
+
+    Raises:
+        ConfigError: naming the file, setting and value at fault.
     """
-    if recipe not in RECIPES:
-        raise ConfigError(f"Unknown recipe {recipe!r}; expected one of {sorted(RECIPES)}")
-    config = _merge(TrainConfig(), RECIPES[recipe], f"recipe {recipe!r}")
+    config = _apply(TrainConfig(), flatten(read_recipe(recipe), f"recipe {recipe!r}"), recipe)
     if config_file:
-        if not os.path.exists(config_file):
-            raise ConfigError(f"Config file not found: {config_file}")
+        if not os.path.isfile(config_file):
+            raise ConfigError(f"config file not found: {config_file}")
         try:
             with open(config_file, encoding="utf-8") as handle:
                 values = json.load(handle)
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
-        config = _merge(config, values, config_file)
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    config = _merge(config, overrides, "flags")
-    return _merge(config, settings or {}, "--set").validate()
+        config = _apply(config, flatten(values, config_file), config_file)
+    return validate(_apply(config, flatten(settings or {}, "--set"), "--set"))
 
 
-def add_run_arguments(parser):
-    """Adds `--run-dir`, `--model` and `--sentencepiece` to a command's parser."""
-    parser.add_argument("--run-dir", help="a training output folder (model.keras, ...)")
-    parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
-    parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
-
-
-def run_files(args):
-    """`(model_path, sentencepiece_path)` from `add_run_arguments` flags.
-
-    Raises:
-        ConfigError: naming the file that does not exist.
-    """
-    run_dir = args.run_dir or ""
-    model_path = args.model or os.path.join(run_dir, "model.keras")
-    spm_path = args.sentencepiece or os.path.join(run_dir, "sentencepiece.model")
-    for label, path in (("model", model_path), ("SentencePiece model", spm_path)):
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
-            )
-    return model_path, spm_path
-
-
-def max_source_length(args):
-    """`--max-source-length`, else the run's `max_length` from RUN_DIR/config.json.
-
-    Raises:
-        ConfigError: when neither gives a length of at least 2.
-    """
-    length = args.max_source_length
-    config_path = os.path.join(args.run_dir or "", "config.json")
-    if length is None and os.path.isfile(config_path):
-        with open(config_path, encoding="utf-8") as handle:
-            length = json.load(handle)["max_length"]
-    if not length or length < 2:
-        raise ConfigError(f"--max-source-length must be at least 2. Received: {length}")
-    return length
+def run_max_length(run_dir):
+    """The `max_length` a training run used, from RUN_DIR/config.json, or None."""
+    path = os.path.join(run_dir or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        recorded = json.load(handle)
+    # Runs of 0.1.0 wrote a flat config.
+    return recorded.get("batching", recorded).get("max_length")

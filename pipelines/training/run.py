@@ -5,6 +5,7 @@ import glob
 import json
 import logging
 import os
+import sys
 import time
 
 import keras
@@ -15,6 +16,7 @@ from pipelines.data import batching, corpus, default_corpus, tokenizer
 from pipelines.errors import ConfigError
 from pipelines.evaluation import score, translate
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
+from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
 
 logger = logging.getLogger(__name__)
@@ -48,25 +50,28 @@ def load_pairs(config):
         `(train, validation, test)`: lists of str pairs or tf.data datasets;
         `test` is None where the corpus has no test split.
     """
-    if config.corpus == "default":
+    if config.data.corpus == "default":
         splits = default_corpus.default_corpus(
-            config.default_corpus_sizes, config.target_locale, config.seed
+            config.data.default_corpus_sizes, config.data.target_locale, config.optimization.seed
         )
         return splits["train"], splits["validation"], splits["test"]
-    if config.corpus == "multi30k":
+    if config.data.corpus == "multi30k":
         load = lambda split: corpus.load_multi30k(  # noqa: E731
-            config.multi30k_dir, split, config.source_language, config.target_language
+            config.data.multi30k_dir,
+            split,
+            config.data.source_language,
+            config.data.target_language,
         )
         return load("train"), load("validation"), load("test")
-    if config.corpus == "files":
-        validation = config.validation_files
+    if config.data.corpus == "files":
+        validation = config.data.validation_files
         return (
-            corpus.read_parallel_files(*config.train_files),
+            corpus.read_parallel_files(*config.data.train_files),
             corpus.read_parallel_files(*validation) if validation else None,
             None,
         )
-    load = lambda split: corpus.load_tfds(config.tfds_name, split, config.tfds_data_dir)  # noqa: E731
-    return load(config.tfds_train_split), load(config.tfds_validation_split), None
+    load = lambda split: corpus.load_tfds(config.data.tfds_name, split, config.data.tfds_data_dir)  # noqa: E731
+    return load(config.data.tfds_train_split), load(config.data.tfds_validation_split), None
 
 
 def _sentences(pairs, limit=1_000_000):
@@ -83,7 +88,7 @@ def _callbacks(config, out_dir, is_chief, clock, schedule):
         repair_backup(backup_dir)
     callbacks = [
         keras.callbacks.BackupAndRestore(
-            backup_dir, save_freq=config.backup_every, double_checkpoint=True
+            backup_dir, save_freq=config.output.backup_every, double_checkpoint=True
         ),
         keras.callbacks.TerminateOnNaN(),
     ]
@@ -94,26 +99,38 @@ def _callbacks(config, out_dir, is_chief, clock, schedule):
             ),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
-    if config.max_minutes:
-        progbar = keras.callbacks.ProgbarLogger() if is_chief else None
+    if config.budget.max_minutes:
+        progbar = keras.callbacks.ProgbarLogger() if is_chief and _terminal() else None
         budget = TimeBudget(
-            config.max_minutes,
+            config.budget.max_minutes,
             0.0,
-            config.reserve_minutes,
-            schedule if config.cooldown else None,
-            max_steps=config.steps,
+            config.budget.reserve_minutes,
+            schedule if config.optimization.cooldown else None,
+            max_steps=config.optimization.steps,
             plan_path=os.path.join(out_dir, "budget.json"),
             clock=clock,
             progbar=progbar,
         )
         callbacks += [budget] if progbar is None else [progbar, budget]
-    if config.early_stopping_patience:
+    if is_chief and not _terminal():
+        budget = callbacks[-1] if config.budget.max_minutes else None
+        callbacks.append(
+            ProgressLines(lambda: budget.total_steps if budget else config.optimization.steps)
+        )
+    if config.output.early_stopping_patience:
         callbacks.append(
             keras.callbacks.EarlyStopping(
-                "val_loss", patience=config.early_stopping_patience, restore_best_weights=True
+                "val_loss",
+                patience=config.output.early_stopping_patience,
+                restore_best_weights=True,
             )
         )
     return callbacks
+
+
+def _terminal():
+    """Whether stdout is a terminal: the progress bar there, plain lines in a file."""
+    return sys.stdout.isatty()
 
 
 def _tokenized(config, pairs, tok, path, sampling_model=None):
@@ -126,17 +143,17 @@ def _tokenized(config, pairs, tok, path, sampling_model=None):
     saved examples are `subword_copies` BPE-dropout segmentations instead.
     """
     if not os.path.exists(os.path.join(path, "dataset_spec.pb")):
-        if sampling_model and config.subword_sampling:
+        if sampling_model and config.batching.subword_sampling:
             examples = batching.sampled_examples(
                 pairs,
                 sampling_model,
-                config.max_length,
-                config.subword_sampling,
-                config.subword_copies,
-                config.seed,
+                config.batching.max_length,
+                config.batching.subword_sampling,
+                config.batching.subword_copies,
+                config.optimization.seed,
             )
         else:
-            examples = batching.tokenize_examples(pairs, tok, config.max_length)
+            examples = batching.tokenize_examples(pairs, tok, config.batching.max_length)
         examples.save(path)
     return tf.data.Dataset.load(path)
 
@@ -151,9 +168,16 @@ def _train_dataset_fn(config, examples):
 
     def dataset_fn(context):
         shard = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
-        budget = max(config.batch_tokens // context.num_replicas_in_sync, config.max_length)
+        budget = max(
+            config.batching.batch_tokens // context.num_replicas_in_sync, config.batching.max_length
+        )
         return batching.batch_examples(
-            shard, budget, config.max_length, shuffle=True, repeat=True, seed=config.seed
+            shard,
+            budget,
+            config.batching.max_length,
+            shuffle=True,
+            repeat=True,
+            seed=config.optimization.seed,
         )
 
     return dataset_fn
@@ -170,9 +194,9 @@ def run_training(config):
         raise ConfigError(f"pipelines need KERAS_BACKEND=tensorflow, not {keras.backend.backend()}")
     strategy, worker = make_strategy()
     out_dir = (
-        config.output_dir
+        config.output.output_dir
         if worker == 0
-        else os.path.join(config.output_dir, "workers", f"worker-{worker}")
+        else os.path.join(config.output.output_dir, "workers", f"worker-{worker}")
     )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
@@ -181,9 +205,12 @@ def run_training(config):
     train_pairs, validation_pairs, test_pairs = load_pairs(config)
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
-        logger.info("Training a %d-piece SentencePiece vocabulary", config.vocabulary_size)
+        logger.info("Training a %d-piece SentencePiece vocabulary", config.batching.vocabulary_size)
         tokenizer.train_sentencepiece(
-            _sentences(train_pairs), spm_path, config.vocabulary_size, seed=config.seed
+            _sentences(train_pairs),
+            spm_path,
+            config.batching.vocabulary_size,
+            seed=config.optimization.seed,
         )
     tok = tokenizer.load_tokenizer(spm_path)
     data_dir = os.path.join(out_dir, "data")
@@ -193,45 +220,48 @@ def run_training(config):
     if validation_pairs is not None:
         validation = _tokenized(config, validation_pairs, tok, os.path.join(data_dir, "validation"))
         validation_data = batching.batch_examples(
-            validation, config.batch_tokens, config.max_length, shuffle=False
+            validation, config.batching.batch_tokens, config.batching.max_length, shuffle=False
         )
 
-    if config.mixed_precision:
-        keras.mixed_precision.set_dtype_policy(config.mixed_precision)
-    keras.utils.set_random_seed(config.seed)
+    if config.optimization.mixed_precision:
+        keras.mixed_precision.set_dtype_policy(config.optimization.mixed_precision)
+    keras.utils.set_random_seed(config.optimization.seed)
     with strategy.scope():
-        model = kt.Transformer(**config.model_arguments(tokenizer.vocabulary_size(spm_path)))
+        arguments = config.model_arguments(
+            tokenizer.vocabulary_size(spm_path), tokenizer.special_ids(spm_path)
+        )
+        model = kt.Transformer(**arguments)
         model.build(((None, None), (None, None)))
         # With a time budget the run's length is known only once steps are
         # timed: `TimeBudget` sets the schedule's total then.
         schedule = kt.TransformerSchedule(
             model.hidden_dim,
-            config.warmup_steps,
-            config.learning_rate_scale,
-            total_steps=None if config.max_minutes else config.steps,
-            cooldown=config.cooldown,
+            config.optimization.warmup_steps,
+            config.optimization.learning_rate_scale,
+            total_steps=None if config.budget.max_minutes else config.optimization.steps,
+            cooldown=config.optimization.cooldown,
         )
         optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule)
-        if config.mixed_precision == "mixed_float16":
+        if config.optimization.mixed_precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     logger.info("Model: %s parameters", f"{model.count_params():,}")
     trainer = Trainer(
         model,
         optimizer,
         strategy,
-        label_smoothing=config.label_smoothing,
-        accumulation_steps=config.accumulation_steps,
-        jit_compile=config.xla,
+        label_smoothing=config.optimization.label_smoothing,
+        accumulation_steps=config.optimization.accumulation_steps,
+        jit_compile=config.optimization.xla,
     )
     history = trainer.fit(
         train_data,
-        steps=config.steps or UNLIMITED_STEPS,
-        steps_per_epoch=config.steps_per_epoch,
+        steps=config.optimization.steps or UNLIMITED_STEPS,
+        steps_per_epoch=config.optimization.steps_per_epoch,
         callbacks=_callbacks(
             config, out_dir, worker == 0, budget_clock(strategy, started), schedule
         ),
         validation_data=validation_data,
-        verbose=1 if worker == 0 else 0,
+        verbose=1 if worker == 0 and _terminal() else 0,
     )
     return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started)
 
@@ -241,8 +271,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
     tok = tokenizer.load_tokenizer(os.path.join(out_dir, "sentencepiece.model"))
     checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
     model_path = os.path.join(out_dir, "model.keras")
-    if config.average_last > 1 and len(checkpoints) > 1:
-        chosen = checkpoints[-config.average_last :]
+    if config.output.average_last > 1 and len(checkpoints) > 1:
+        chosen = checkpoints[-config.output.average_last :]
         logger.info("Averaging %d checkpoints", len(chosen))
         model = average_checkpoints(chosen, model_path)
     else:
@@ -265,7 +295,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         ):
             with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
                 handle.writelines(f"{text}\n" for text in texts)
-        hypotheses = translate(model, tok, sources, max_length=config.max_length)
+        hypotheses = translate(model, tok, sources, max_source_length=config.batching.max_length)
         scores = score(hypotheses, [t for _, t in evaluation])
         result.update({"greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]})
         result["examples"] = [

@@ -204,7 +204,7 @@ def test_translate_command_writes_the_signatures_translations_in_order(exported,
     lines = [text for text in INPUTS if b"\n" not in text]
     (tmp_path / "input.txt").write_bytes(b"".join(text + b"\n" for text in lines))
     output = tmp_path / "output.txt"
-    command = [sys.executable, "-m", "pipelines.translate", "--model", os.path.dirname(path),
+    command = [sys.executable, "-m", "pipelines", "translate", "--model", os.path.dirname(path),
                "--input", str(tmp_path / "input.txt"), "--output", str(output),
                "--batch-size", "2"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
@@ -212,7 +212,7 @@ def test_translate_command_writes_the_signatures_translations_in_order(exported,
     assert output.read_text(encoding="utf-8").split("\n")[:-1] == served["translations"]
     assert f"translated {len(lines)}/{len(lines)} sentences" in result.stderr
 
-    missing = [sys.executable, "-m", "pipelines.translate", "--model", str(tmp_path / "none")]
+    missing = [sys.executable, "-m", "pipelines", "translate", "--model", str(tmp_path / "none")]
     result = subprocess.run(missing, capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 2 and "error: no SavedModel at" in result.stderr
     assert "Traceback" not in result.stderr

@@ -54,7 +54,7 @@ def test_average_command_in_a_fresh_process(tmp_path):
     saved_model(tmp_path / "a.keras", 1)
     saved_model(tmp_path / "b.keras", 2)
     output = tmp_path / "avg.keras"
-    command = [sys.executable, "-m", "pipelines.average", str(tmp_path / "a.keras"),
+    command = [sys.executable, "-m", "pipelines", "average", str(tmp_path / "a.keras"),
                str(tmp_path / "b.keras"), "--output", str(output)]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

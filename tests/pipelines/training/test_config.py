@@ -1,52 +1,197 @@
-"""Recipes, config files and flags resolve to the model and data a run really uses."""
+"""Typed settings: recipes, files and flags resolve to the run's model and data, or one error."""
 
+import dataclasses
+import inspect
 import json
 
 import pytest
 
+from keras_transformer import Transformer
 from keras_transformer.models.presets import PRESETS
+from pipelines.commands import train
 from pipelines.data.default_corpus import default_corpus
 from pipelines.errors import ConfigError
-from pipelines.training.config import MODEL_SIZES, TrainConfig, load_config
-from pipelines.training.recipes import RECIPES
+from pipelines.training import config as config_module
+from pipelines.training.config import (
+    GROUPS,
+    MODEL_SIZES,
+    ModelConfig,
+    TrainConfig,
+    base_type,
+    load_config,
+    recipe_names,
+    settings,
+    validate,
+)
+
+NUMERIC = [s for s in settings() if base_type(s.type)[0] in (int, float)]
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def limit_breaker(item):
+    """A value of the right type outside `item`'s declared range."""
+    limits, kind = item.limits, base_type(item.type)[0]
+    if "low" in limits:
+        return kind(limits["low"] - 1)
+    if "above" in limits:
+        return kind(limits["above"])
+    if "below" in limits:
+        return kind(limits["below"])
+    return kind(limits["high"] + 1)
+
+
+def exit_status(argv):
+    """`kt train`'s exit status: returned, or raised by the flag parser."""
+    try:
+        return train.main(argv)
+    except SystemExit as exit_info:
+        return exit_info.code
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fails the test if a command gets as far as training (reading data)."""
+    from pipelines.training import run
+
+    def refuse(config):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(run, "run_training", refuse)
+
+
+def test_setting_names_are_unique_and_every_number_has_limits():
+    names = [s.name for s in settings()]
+    assert len(names) == len(set(names)) and len(names) > 40
+    assert [s.group for s in settings()][0] == "data"
+    assert not [s.name for s in NUMERIC if not {"low", "high", "above", "below"} & set(s.limits)]
+
+
+def test_model_settings_cover_the_transformer_arguments():
+    arguments = set(inspect.signature(Transformer.__init__).parameters) - {"self", "kwargs"}
+    # The tokenizer decides the vocabulary and the special ids.
+    decided_elsewhere = {"vocabulary_size", "target_vocabulary_size", "pad_id", "bos_id", "eos_id"}
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"preset"}
+    assert fields == arguments - decided_elsewhere
+
+
+@pytest.mark.parametrize("item", NUMERIC, ids=lambda s: s.name)
+def test_a_wrong_type_for_any_number_is_one_error_before_any_work(item, no_training, capsys):
+    assert train.main(["--set", f"{item.group}.{item.name}=abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and item.name in err[0], err
+    assert "'abc'" in err[0]
+
+
+@pytest.mark.parametrize("item", NUMERIC, ids=lambda s: s.name)
+def test_a_value_out_of_range_is_one_error_before_any_work(item, no_training, capsys):
+    value = limit_breaker(item)
+    if base_type(item.type)[0] is list or item.limits.get("nargs"):
+        value = [value] * item.limits["nargs"]
+    flag = "--" + item.name.replace("_", "-")
+    argv = [flag, *map(str, value)] if isinstance(value, list) else [flag, str(value)]
+    assert exit_status(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {item.name} must be"), err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "steps=abc"], "steps must be an integer. Received: steps='abc'"),
+        (["--set", "model.num_heads=3"], "num_heads must divide hidden_dim (128)"),
+        (["--set", "model.colour=red"], "Unknown setting 'model.colour' in --set"),
+        (["--set", "batching.steps=5"], "Unknown setting 'batching.steps'"),
+        (["--preset", "transformer_huge"], "preset must be one of"),
+        (["--recipe", "nope"], "recipe must be one of"),
+        (["--corpus", "multi30k"], "needs multi30k_dir"),
+        (["--xla", "--steps"], "expected one argument"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--set", "steps"], "--set expects NAME=VALUE"),
+        (["--train-files", "a"], "expected 2 arguments"),
+        (["--set", "learned_positions=true"], "learned_positions needs max_positions"),
+        (["--set", "normalize_first=maybe"], "normalize_first must be true or false"),
+    ],
+)
+def test_bad_flags_are_one_error_line(argv, message, no_training, capsys):
+    assert exit_status(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("[1, 2]", "must hold a JSON object"), ("{", "not valid JSON"), ('{"steps": "x"}', "steps")],
+)
+def test_a_bad_config_file_is_named(tmp_path, content, message, no_training, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(content)
+    assert train.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert train.main(["--config", str(tmp_path / "missing.json")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
 def test_recipes_record_the_model_they_train(recipe):
-    config = load_config(recipe, overrides={"multi30k_dir": "multi30k"})
+    config = load_config(recipe, settings={"multi30k_dir": "multi30k"})
     recorded = json.loads(config.to_json())
+    assert list(recorded) == list(GROUPS)
     arguments = config.model_arguments(100)
-    if recorded["preset"] is None:
+    model = {k: v for k, v in recorded["model"].items() if v is not None and k != "preset"}
+    if recorded["model"]["preset"] is None:
         # No preset named: the recorded model holds every size argument itself.
-        assert set(MODEL_SIZES) <= set(recorded["model"])
-        assert arguments == {"vocabulary_size": 100, **recorded["model"]}
+        assert set(MODEL_SIZES) <= set(model)
+        assert arguments == {"vocabulary_size": 100, **model}
     else:
         # A preset named: it is what the model is, nothing overridden.
-        assert recorded["model"] == {}
-        assert arguments == {"vocabulary_size": 100, **PRESETS[recorded["preset"]]}
+        assert model == {}
+        assert arguments == {"vocabulary_size": 100, **PRESETS[recorded["model"]["preset"]]}
+
+
+def test_print_config_prints_the_resolved_settings(no_training, capsys):
+    argv = ["--recipe", "multi30k", "--multi30k-dir", "d", "--batch-tokens", "1024", "--xla"]
+    assert train.main(argv + ["--set", "model.dropout=0.2", "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["batching"]["batch_tokens"] == 1024 and printed["optimization"]["xla"] is True
+    assert printed["model"]["dropout"] == 0.2 and printed["data"]["multi30k_dir"] == "d"
+    assert printed["budget"]["max_minutes"] == 57
+
+
+def test_a_config_file_nested_by_group_applies_over_the_recipe(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"batching": {"batch_tokens": 512}, "model.dropout": 0.3}))
+    config = load_config("default", str(path), {"steps": "20"})
+    assert config.batching.batch_tokens == 512 and config.model.dropout == 0.3
+    assert config.optimization.steps == 20 and config.model.hidden_dim == 128
 
 
 def test_a_preset_flag_replaces_the_recipe_model():
-    config = load_config("default", overrides={"preset": "transformer_base"})
-    assert config.model == {}
+    config = load_config("default", settings={"preset": "transformer_base"})
+    assert config.model == ModelConfig(preset="transformer_base")
     assert config.model_arguments(10)["hidden_dim"] == 512
-    config = load_config(
-        "default", overrides={"preset": "transformer_base", "model": {"dropout": 0.2}}
-    )
+    config = load_config("default", settings={"preset": "transformer_base", "model.dropout": 0.2})
     assert config.model_arguments(10)["hidden_dim"] == 512
     assert config.model_arguments(10)["dropout"] == 0.2
 
 
 def test_no_preset_needs_every_size():
-    model = {"num_layers": 1, "hidden_dim": 8, "intermediate_dim": 8}
+    config = TrainConfig(model=ModelConfig(preset=None, num_layers=1, hidden_dim=8))
+    config.model.intermediate_dim = 8
     with pytest.raises(ConfigError, match="model needs \\['num_heads'\\]"):
-        TrainConfig(preset=None, model=model).validate()
+        validate(config)
+
+
+def test_special_ids_come_from_the_tokenizer():
+    ids = {"pad_id": 0, "bos_id": 2, "eos_id": 3}
+    assert load_config().model_arguments(10, ids).items() >= ids.items()
 
 
 def test_one_default_for_the_default_corpus_sizes():
     splits = default_corpus()
     sizes = [len(splits[name]) for name in ("train", "validation", "test")]
-    assert sizes == TrainConfig().default_corpus_sizes == load_config().default_corpus_sizes
+    assert (
+        sizes == TrainConfig().data.default_corpus_sizes == load_config().data.default_corpus_sizes
+    )
 
 
 def test_the_run_logs_under_its_own_module_name():
@@ -56,21 +201,28 @@ def test_the_run_logs_under_its_own_module_name():
 
 
 def test_a_run_may_be_given_in_minutes_instead_of_steps():
-    config = load_config("default", overrides={"max_minutes": 5.0}, settings={"steps": None})
-    assert config.steps is None and config.max_minutes == 5.0
-    assert load_config("default", overrides={"steps": None}).steps == RECIPES["default"]["steps"]
+    config = load_config("default", settings={"max_minutes": 5.0, "steps": None})
+    assert config.optimization.steps is None and config.budget.max_minutes == 5.0
     with pytest.raises(ConfigError, match="only with max_minutes"):
         load_config("default", settings={"steps": None})
     with pytest.raises(ConfigError, match="more than reserve_minutes"):
-        load_config("default", overrides={"max_minutes": 1.0}, settings={"reserve_minutes": 2.0})
+        load_config("default", settings={"max_minutes": 1.0, "reserve_minutes": 2.0})
     with pytest.raises(ConfigError, match="cooldown=1.5"):
         load_config("default", settings={"cooldown": 1.5})
 
 
 def test_subword_sampling_settings_are_checked():
-    config = load_config("default", overrides={"subword_sampling": 0.1})
-    assert config.subword_sampling == 0.1 and config.subword_copies == 4
+    config = load_config("default", settings={"subword_sampling": 0.1})
+    assert config.batching.subword_sampling == 0.1 and config.batching.subword_copies == 4
     with pytest.raises(ConfigError, match="subword_sampling=1.0"):
-        load_config("default", overrides={"subword_sampling": 1.0})
+        load_config("default", settings={"subword_sampling": 1.0})
     with pytest.raises(ConfigError, match="subword_copies=0"):
         load_config("default", settings={"subword_copies": 0})
+
+
+def test_run_max_length_reads_nested_and_flat_configs(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"batching": {"max_length": 77}}))
+    assert config_module.run_max_length(str(tmp_path)) == 77
+    (tmp_path / "config.json").write_text(json.dumps({"max_length": 66}))
+    assert config_module.run_max_length(str(tmp_path)) == 66
+    assert config_module.run_max_length(str(tmp_path / "none")) is None

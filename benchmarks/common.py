@@ -1,7 +1,6 @@
 """What the benchmarks share: environment, results JSON, tables."""
 
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -38,10 +37,10 @@ def median(values):
 def write_result(result, path):
     """Writes `result` plus `machine()` as JSON to `path`; returns the dict written."""
     result = {"machine": machine(), **result}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-        handle.write("\n")
+    from pipelines.files import prepare_output_file, write_json
+
+    prepare_output_file(path, "--output")
+    write_json(path, result)
     return result
 
 

@@ -9,10 +9,12 @@ model's own greedy translation is shown. `--layer` and `--head` pick one panel;
 and head (columns).
 """
 
+import os
 import sys
 
 from pipelines.commands import run
 from pipelines.commands.arguments import add_run_arguments, command_parser, run_files
+from pipelines.files import atomic_output, prepare_output_file
 
 
 def _draw(args):
@@ -22,13 +24,16 @@ def _draw(args):
     from pipelines.training.checkpoints import load_checkpoint
 
     model_path, spm_path = run_files(args)
+    prepare_output_file(args.output, "--output")
     model = load_checkpoint(model_path)
     processor = spm.SentencePieceProcessor(model_file=spm_path)
     attention, source_pieces, target_pieces = visualization.attention_maps(
         model, processor, args.source, args.target
     )
     panels, titles = visualization.select(attention, args.layer, args.head)
-    width, height = visualization.plot(panels, titles, source_pieces, target_pieces, args.output)
+    suffix = os.path.splitext(args.output)[1]
+    with atomic_output(args.output, suffix) as staging:
+        width, height = visualization.plot(panels, titles, source_pieces, target_pieces, staging)
     print(f"{args.output}: {width}x{height} pixels, target: {''.join(target_pieces[:-1])}")
 
 

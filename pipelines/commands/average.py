@@ -1,15 +1,25 @@
 """Averages checkpoints (section 6.1: the last 5 or 20 checkpoints).
 
-kt average runs/multi30k/checkpoints/*.keras --output averaged.keras
+    kt average runs/multi30k/checkpoints/*.keras --output averaged.keras
+
+The averaged model is written beside `--output` and renamed into place: a
+killed run leaves the previous file there, or none, never a broken one.
 """
 
 import sys
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
+from pipelines.errors import ConfigError
+from pipelines.files import check_input_file, prepare_output_file
 
 
 def _average(args):
+    if not args.output.endswith(".keras"):
+        raise ConfigError(f"--output must be a .keras file. Received: {args.output}")
+    for path in args.checkpoints:
+        check_input_file(path, "checkpoint")
+    prepare_output_file(args.output, "--output")
     from pipelines.training.checkpoints import average_checkpoints  # imports Keras
 
     average_checkpoints(args.checkpoints, args.output)

@@ -6,6 +6,7 @@ CTranslate2 is an optional extra (`pip install "keras-transformer[ctranslate2]"`
 see `pipelines.serving.ctranslate2` for what the folder holds.
 """
 
+import os
 import sys
 
 from pipelines.commands import run
@@ -15,7 +16,8 @@ from pipelines.commands.arguments import (
     max_source_length,
     run_files,
 )
-from pipelines.errors import UsageError
+from pipelines.errors import ExportError, UsageError
+from pipelines.files import prepare_output_folder
 
 
 def _parse(argv, prog):
@@ -40,6 +42,9 @@ def _convert(args):
 
     model_path, spm_path = run_files(args)
     max_length = max_source_length(args)
+    if os.path.exists(args.output) and not args.force:
+        raise ExportError(f"--output: {args.output} exists; pass --force to replace it")
+    prepare_output_folder(os.path.dirname(os.path.abspath(args.output)), "--output")
     model = load_checkpoint(model_path)
     print(convert(model, spm_path, args.output, max_length, args.quantization, force=args.force))
 

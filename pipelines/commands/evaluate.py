@@ -5,7 +5,6 @@
 Prints each score with its sacreBLEU signature and writes the same as JSON.
 """
 
-import json
 import sys
 
 from pipelines.commands import run
@@ -13,9 +12,14 @@ from pipelines.commands.arguments import command_parser
 from pipelines.data.corpus import read_lines
 from pipelines.errors import DataError
 from pipelines.evaluation import score
+from pipelines.files import check_input_file, prepare_output_file, write_json
 
 
 def _evaluate(args):
+    check_input_file(args.hypotheses, "--hypotheses")
+    check_input_file(args.references, "--references")
+    if args.output:
+        prepare_output_file(args.output, "--output")
     hypotheses = read_lines(args.hypotheses)
     references = read_lines(args.references)
     if len(hypotheses) != len(references):
@@ -27,8 +31,7 @@ def _evaluate(args):
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(scores, handle, indent=2)
+        write_json(args.output, scores)
 
 
 def main(argv=None, prog="kt evaluate"):

@@ -17,7 +17,9 @@ from pipelines.commands.arguments import (
     run_files,
 )
 from pipelines.errors import ConfigError
+from pipelines.files import prepare_output_folder
 from pipelines.serving.translation import CHUNK_SIZE
+from pipelines.serving.versions import check_version
 
 
 def _parse(argv, prog):
@@ -46,6 +48,11 @@ def _export(args):
         raise ConfigError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
     if args.chunk_size < 1:
         raise ConfigError(f"--chunk-size must be positive. Received: {args.chunk_size}")
+    if args.beam_size < 1:
+        raise ConfigError(f"--beam-size must be positive. Received: {args.beam_size}")
+    base_dir = os.path.join(args.base, args.name)
+    check_version(base_dir, args.version)
+    prepare_output_folder(base_dir, "--base/--name")
     from pipelines.serving.saved_model import Translator, export
     from pipelines.training.checkpoints import load_checkpoint
 
@@ -58,7 +65,7 @@ def _export(args):
         args.nbest,
         args.chunk_size,
     )
-    print(export(translator, os.path.join(args.base, args.name), args.version))
+    print(export(translator, base_dir, args.version))
 
 
 def main(argv=None, prog="kt export"):

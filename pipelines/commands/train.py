@@ -27,6 +27,7 @@ import sys
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
+from pipelines.files import prepare_output_folder
 from pipelines.training.config import base_type, load_config, recipe_names, settings
 
 
@@ -91,6 +92,7 @@ def _train(args):
     if args.print_config:
         print(config.to_json())
         return 0
+    prepare_output_folder(config.output.output_dir, "output_dir")
     from pipelines.training.run import run_training  # imports TensorFlow: after validation
 
     print(json.dumps(run_training(config), indent=2))

@@ -1,30 +1,64 @@
 """Translates a file (or stdin) with an exported SavedModel.
 
     kt translate --model saved_models/default < input.en > output.de
+    kt translate --model saved_models/default --input test.en --output test.de
 
 `--model` is a version folder (`saved_models/default/1`) or a model folder,
-whose highest version is used. Sentences are sorted by length into batches,
-translated with the SavedModel's `translate` signature, and written back in
-input order, one line per input line (an empty line gives an empty line).
-Progress goes to stderr.
+whose highest version is used. The input is translated `--batch-size`
+sentences at a time, in input order (the SavedModel sorts each batch by
+length), one line per input line (an empty line gives an empty line); each
+batch's lines are written as soon as it is done. Progress goes to stderr.
+
+With `--output`, finished lines go to `OUTPUT.partial` first and the file
+takes its name only when complete. A run that is killed can be restarted
+with the same arguments: it keeps the lines already in `OUTPUT.partial` and
+continues after them (when the input, model and settings are the same; else
+it starts over).
 """
 
+import contextlib
+import hashlib
+import json
 import os
 import sys
 import time
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
-from pipelines.errors import ConfigError, DataError
+from pipelines.errors import ConfigError
+from pipelines.files import check_input_file, prepare_output_file
 
 
-def _progress(started):
-    def report(done, total):
+def _progress(total):
+    started, terminal = time.time(), sys.stderr.isatty()
+
+    def report(done):
         rate = done / max(time.time() - started, 1e-9)
-        end = "\n" if done == total else "\r"
+        end = "\r" if terminal and done < total else "\n"
         print(f"translated {done}/{total} sentences ({rate:.1f}/s)", end=end, file=sys.stderr)
 
     return report
+
+
+def _resume_point(partial, state):
+    """Lines of `partial` to keep: those of an earlier run with the same `state`, else 0."""
+    sidecar = f"{partial}.json"
+    try:
+        with open(sidecar, encoding="utf-8") as handle:
+            same = json.load(handle) == state
+        with open(partial, "rb") as handle:
+            data = handle.read()
+    except (OSError, ValueError):
+        same, data = False, b""
+    if not same:
+        with open(sidecar, "w", encoding="utf-8") as handle:
+            json.dump(state, handle)
+        open(partial, "wb").close()
+        return 0
+    complete = data[: data.rfind(b"\n") + 1]  # a line cut by the kill is redone
+    with open(partial, "r+b") as handle:
+        handle.truncate(len(complete))
+    return complete.count(b"\n")
 
 
 def _translate(args):
@@ -33,28 +67,59 @@ def _translate(args):
             f"--beam-size and --batch-size must be positive. "
             f"Received: {args.beam_size}, {args.batch_size}"
         )
-    if args.input and not os.path.isfile(args.input):
-        raise DataError(f"input file not found: {args.input}")
+    if args.input:
+        check_input_file(args.input, "--input")
+    if args.output:
+        prepare_output_file(args.output, "--output")
     from pipelines.serving import client  # imports TensorFlow
 
-    signature = client.load_signature(args.model)
+    version, signature = client.load_signature(args.model)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     with source:
-        lines = [line.rstrip(b"\r\n") for line in source]
-    show = _progress(time.time()) if len(lines) > args.batch_size else None
-    translations, _ = client.translate_lines(
-        signature, lines, args.beam_size, args.alpha, args.batch_size, show
-    )
-    text = "".join(f"{line}\n" for line in translations)
+        data = source.read()
+    lines = [line.rstrip(b"\r") for line in data.split(b"\n")]
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final line break ends the last line
+    with contextlib.ExitStack() as stack:
+        done, out = 0, sys.stdout
+        if args.output:
+            partial = f"{args.output}.partial"
+            state = {
+                "input_sha256": hashlib.sha256(data).hexdigest(),
+                "model": os.path.abspath(version),
+                "beam_size": args.beam_size,
+                "alpha": args.alpha,
+            }
+            done = _resume_point(partial, state)
+            if done:
+                print(f"resuming after {done} lines already in {partial}", file=sys.stderr)
+            out = stack.enter_context(open(partial, "a", encoding="utf-8"))
+        _write_translations(args, signature, lines, done, out)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        sys.stdout.write(text)
+        os.replace(partial, args.output)
+        os.remove(f"{partial}.json")
+
+
+def _write_translations(args, signature, lines, done, out):
+    """Translates `lines[done:]` a batch at a time, writing each batch's lines as it ends."""
+    from pipelines.serving import client
+
+    show = _progress(len(lines)) if len(lines) > args.batch_size else None
+    for start in range(done, len(lines), args.batch_size):
+        batch = lines[start : start + args.batch_size]
+        translations, _ = client.translate_lines(
+            signature, batch, args.beam_size, args.alpha, args.batch_size
+        )
+        out.write("".join(f"{line}\n" for line in translations))
+        out.flush()
+        if out is not sys.stdout:
+            os.fsync(out.fileno())
+        if show:
+            show(start + len(batch))
 
 
 def main(argv=None, prog="kt translate"):
-    parser = command_parser(prog, __doc__.splitlines()[0])
+    parser = command_parser(prog, __doc__)
     parser.add_argument("--model", required=True, help="saved_models/NAME or NAME/VERSION")
     parser.add_argument("--input", help="a text file; defaults to stdin")
     parser.add_argument("--output", help="defaults to stdout")

@@ -4,15 +4,34 @@ Needs only TensorFlow and tensorflow-text (for the SentencePiece ops the
 SavedModel's graph holds); never imports Keras or `keras_transformer`.
 """
 
+import os
+
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedModel uses
 
-from pipelines.serving.versions import resolve_version
+from pipelines.errors import ExportError
+from pipelines.serving.versions import broken_version_message, resolve_version
 
 
 def load_signature(path, name="translate"):
-    """The signature `name` of the SavedModel at `path` (a version or model folder)."""
-    return tf.saved_model.load(resolve_version(path)).signatures[name]
+    """The signature `name` of the SavedModel at `path` (a version or model folder).
+
+    Returns:
+        `(version_folder, signature)`.
+
+    Raises:
+        ExportError: naming the version folder that does not load and, when
+            there is one, an older version that does.
+    """
+    version = resolve_version(path)
+    try:
+        return version, tf.saved_model.load(version).signatures[name]
+    except (OSError, ValueError, KeyError, tf.errors.OpError) as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error)
+        base, number = os.path.split(os.path.normpath(version))
+        if number.isdigit():
+            raise ExportError(broken_version_message(base, int(number), reason)) from None
+        raise ExportError(f"the SavedModel {version} is broken: {reason}") from None
 
 
 def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, progress=None):

@@ -23,11 +23,13 @@ each weight of `keras_transformer.Transformer` onto `TransformerSpec`.
 import json
 import os
 import shutil
+import tempfile
 
 import numpy as np
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
+from pipelines.files import STAGING, remove_stale_staging
 
 _ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
 
@@ -178,15 +180,20 @@ def convert(model, spm_path, output_dir, max_source_length=128, quantization=Non
     spec = model_spec(model, pieces, num_positions=max_source_length + 51)
     spec.validate()
     spec.optimize(quantization=quantization)
-    staging = f"{output_dir}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    remove_stale_staging(parent)
+    staging = tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=parent)
     spec.save(staging)
     shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
         json.dump({"max_source_length": max_source_length}, handle)
-    shutil.rmtree(output_dir, ignore_errors=True)
+    # The folder is replaced whole: the old one is moved aside, then removed.
+    old = f"{staging}-old"
+    if os.path.exists(output_dir):
+        os.rename(output_dir, old)
     os.rename(staging, output_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return output_dir
 
 

@@ -22,6 +22,7 @@ is truncated to that length and translated. Bytes that are not valid UTF-8 are
 replaced by U+FFFD before tokenization.
 """
 
+import errno
 import os
 import shutil
 import tempfile
@@ -31,8 +32,9 @@ import tensorflow_text as tf_text
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
+from pipelines.files import STAGING, remove_stale_staging
 from pipelines.serving.translation import CHUNK_SIZE, translate_strings
-from pipelines.serving.versions import next_version
+from pipelines.serving.versions import check_version, next_version
 
 SIGNATURE_INPUT = "inputs"
 
@@ -130,9 +132,12 @@ class Translator(tf.Module):
 def export(translator, base_dir, version=None):
     """Writes `translator` to `base_dir/VERSION/`, atomically.
 
-    The SavedModel is written to a hidden folder beside the version and renamed
-    into place, so TF Serving, which polls `base_dir` for new versions, never
-    sees a half-written one. An existing version is never overwritten.
+    The SavedModel is written to a hidden staging folder beside the versions
+    and renamed into place, so TF Serving, which polls `base_dir` for new
+    versions, never sees a half-written one. An existing version is never
+    overwritten: with `version=None`, an export that loses the race for a
+    number to another export takes the next free one. Staging folders left by
+    killed exports are removed first.
 
     Args:
         translator: a `Translator`.
@@ -141,16 +146,29 @@ def export(translator, base_dir, version=None):
 
     Returns:
         str, the version's folder.
+
+    Raises:
+        ExportError: `version` is given and taken.
     """
-    version = next_version(base_dir) if version is None else int(version)
-    target = os.path.join(base_dir, str(version))
-    if os.path.exists(target):
-        raise ExportError(f"{target} already exists; choose another --version")
+    check_version(base_dir, version)
     os.makedirs(base_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{version}-", dir=base_dir)
+    remove_stale_staging(base_dir)
+    staging = tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=base_dir)
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
-        os.rename(staging, target)
+        while True:
+            number = next_version(base_dir) if version is None else version
+            target = os.path.join(base_dir, str(number))
+            try:
+                # Atomic; fails when another export has just taken the number.
+                os.rename(staging, target)
+                return target
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                if version is not None:
+                    raise ExportError(
+                        f"{target} already exists; choose another --version"
+                    ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target

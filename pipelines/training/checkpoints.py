@@ -3,12 +3,14 @@
 import json
 import logging
 import os
+import zipfile
 
 import keras
 import numpy as np
 
 import keras_transformer  # noqa: F401  registers the classes that .keras files name
 from pipelines.errors import CheckpointError
+from pipelines.files import atomic_output
 
 logger = logging.getLogger(__name__)
 
@@ -28,10 +30,17 @@ def load_checkpoint(path, compile=False):
     """
     if not os.path.isfile(path):
         raise CheckpointError(f"Cannot load checkpoint {path}: no such file")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: the file is corrupt or truncated "
+            "(not a .keras archive)"
+        )
     try:
         return keras.saving.load_model(path, compile=compile)
-    except (OSError, ValueError, KeyError) as error:
-        raise CheckpointError(f"Cannot load checkpoint {path}: {error}") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: the file is corrupt or truncated ({error})"
+        ) from None
 
 
 def average_checkpoints(paths, output_path):
@@ -43,7 +52,8 @@ def average_checkpoints(paths, output_path):
 
     Args:
         paths: list of str, `.keras` files of one architecture.
-        output_path: str, the `.keras` file to write.
+        output_path: str, the `.keras` file to write; it appears only once
+            complete (a file already there is replaced only then).
 
     Returns:
         the averaged `keras.Model` (not compiled).
@@ -69,7 +79,8 @@ def average_checkpoints(paths, output_path):
             for total, w in zip(sums, averaged.weights, strict=True)
         ]
     )
-    averaged.save(output_path)
+    with atomic_output(output_path, suffix=".keras") as staging:
+        averaged.save(staging)
     return averaged
 
 

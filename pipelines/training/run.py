@@ -15,6 +15,7 @@ import keras_transformer as kt
 from pipelines.data import batching, corpus, default_corpus, tokenizer
 from pipelines.errors import ConfigError
 from pipelines.evaluation import score, translate
+from pipelines.files import atomic_output, atomic_text, write_json
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -199,8 +200,7 @@ def run_training(config):
         else os.path.join(config.output.output_dir, "workers", f"worker-{worker}")
     )
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
-        handle.write(config.to_json())
+    write_json(os.path.join(out_dir, "config.json"), config.to_dict())
 
     train_pairs, validation_pairs, test_pairs = load_pairs(config)
     spm_path = os.path.join(out_dir, "sentencepiece.model")
@@ -276,7 +276,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         logger.info("Averaging %d checkpoints", len(chosen))
         model = average_checkpoints(chosen, model_path)
     else:
-        model.save(model_path)
+        with atomic_output(model_path, suffix=".keras") as staging:
+            model.save(staging)
     result = {
         "steps": int(trainer.optimizer.iterations.numpy()),
         "final_learning_rate": trainer.learning_rate(),
@@ -293,7 +294,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
             ("heldout.source", sources),
             ("heldout.target", [t for _, t in evaluation]),
         ):
-            with open(os.path.join(out_dir, name), "w", encoding="utf-8") as handle:
+            with atomic_text(os.path.join(out_dir, name)) as handle:
                 handle.writelines(f"{text}\n" for text in texts)
         hypotheses = translate(model, tok, sources, max_source_length=config.batching.max_length)
         scores = score(hypotheses, [t for _, t in evaluation])
@@ -304,6 +305,5 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         ]
     # This process's wall-clock time, evaluation included (not earlier runs resumed from).
     result["seconds"] = round(time.perf_counter() - started, 1)
-    with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2, ensure_ascii=False)
+    write_json(os.path.join(out_dir, "result.json"), result)
     return result

@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.losses import LabelSmoothedCrossEntropy
+from pipelines.files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -404,8 +405,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def _write_plan(self, total_steps, step_seconds):
         if self.plan_path:
-            with open(self.plan_path, "w", encoding="utf-8") as handle:
-                json.dump({"total_steps": total_steps, "step_seconds": step_seconds}, handle)
+            write_json(self.plan_path, {"total_steps": total_steps, "step_seconds": step_seconds})
 
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()

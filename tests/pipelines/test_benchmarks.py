@@ -85,7 +85,7 @@ def tiny_run(tmp_path_factory):
         run, 120, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2
     )
     model.save(run / "model.keras")
-    (run / "config.json").write_text(json.dumps({"max_length": 16}))
+    (run / "config.json").write_text(json.dumps({"batching": {"max_length": 16}}))
     sentences = ["Monday, March 3, 2014", "4:08 PM", "12.5%", "84°C"] * 4
     (root / "source").write_text("\n".join(sentences) + "\n", encoding="utf-8")
     (root / "reference").write_text("\n".join(sentences) + "\n", encoding="utf-8")

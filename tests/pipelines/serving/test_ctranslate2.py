@@ -93,7 +93,7 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
 
     model = keras.saving.load_model(f"{run}/model.keras")
     tokenizer = load_tokenizer(f"{run}/sentencepiece.model")
-    max_length = json.load(open(f"{run}/config.json"))["max_length"]
+    max_length = json.load(open(f"{run}/config.json"))["batching"]["max_length"]
     source_ids = encode(tokenizer, tf.constant(sources), EOS_ID, max_length).to_tensor()
     translator = CTranslate2Translator(path)
     # With no length penalty both beam searches maximise the same score.

@@ -214,7 +214,7 @@ def test_translate_command_writes_the_signatures_translations_in_order(exported,
 
     missing = [sys.executable, "-m", "pipelines", "translate", "--model", str(tmp_path / "none")]
     result = subprocess.run(missing, capture_output=True, text=True, env=ENV, timeout=300)
-    assert result.returncode == 2 and "error: no SavedModel at" in result.stderr
+    assert result.returncode == 2 and "error: --model: no such folder" in result.stderr
     assert "Traceback" not in result.stderr
 
 

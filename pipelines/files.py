@@ -1,0 +1,139 @@
+"""Files the commands read and write: checked before any work, written atomically.
+
+Every output is written beside its target under a hidden temporary name and
+renamed into place (`os.replace`, atomic on one file system), so a killed
+command leaves the previous file intact, or no file, never a half-written
+one. Inputs and output folders are checked up front, so a bad path costs one
+`error:` line instead of the work done before it was found.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+from pipelines.errors import DataError
+
+# Temporary files and folders start with this, then the writer's pid.
+STAGING = ".staging-"
+
+
+def check_input_file(path, flag):
+    """Raises `DataError` unless `path` is a readable file.
+
+    Args:
+        path: str, the file.
+        flag: str, the argument that named it (`--input`), for the message.
+    """
+    if not os.path.exists(path):
+        raise DataError(f"{flag}: file not found: {path}")
+    if not os.path.isfile(path):
+        raise DataError(f"{flag}: not a file: {path}")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{flag}: file not readable: {path}")
+
+
+def prepare_output_file(path, flag):
+    """Creates `path`'s folder if need be and checks a file can be written there.
+
+    Raises:
+        DataError: naming `flag` and the path, when the folder cannot be
+            created or written, or `path` is a folder.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise DataError(f"{flag}: {path} is a folder, not a file")
+    prepare_output_folder(folder, flag)
+
+
+def prepare_output_folder(folder, flag):
+    """Creates `folder` if need be; raises `DataError` unless files can be written in it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"{flag}: cannot create the folder {folder} ({error.strerror})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DataError(f"{flag}: cannot write in the folder {folder}")
+
+
+def staging_path(path, suffix=""):
+    """A hidden name beside `path` that no other process uses: `.staging-PID-XXXX{suffix}`."""
+    folder, name = os.path.split(os.path.abspath(path))
+    handle, staging = tempfile.mkstemp(
+        prefix=f"{STAGING}{os.getpid()}-{name}-", suffix=suffix, dir=folder
+    )
+    os.close(handle)
+    return staging
+
+
+@contextlib.contextmanager
+def atomic_output(path, suffix=""):
+    """Yields a temporary path beside `path`; on success renames it to `path`.
+
+    The caller writes the whole file to the yielded path (a `.keras` save,
+    say; `suffix` keeps an extension a writer insists on). On an exception the
+    temporary file is removed and `path` is left as it was. Temporary files
+    that killed writers left in the folder are removed first.
+    """
+    remove_stale_staging(os.path.dirname(os.path.abspath(path)))
+    staging = staging_path(path, suffix)
+    try:
+        yield staging
+        os.replace(staging, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(staging)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_text(path):
+    """A text file opened for writing that appears at `path` only when complete."""
+    with atomic_output(path) as staging:
+        with open(staging, "w", encoding="utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def write_json(path, data):
+    """Writes `data` as indented JSON to `path`, atomically."""
+    with atomic_text(path) as handle:
+        json.dump(data, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+
+
+def remove_stale_staging(folder):
+    """Removes staging files and folders in `folder` left by processes no longer running.
+
+    Returns:
+        list of str, the paths removed.
+    """
+    removed = []
+    if not os.path.isdir(folder):
+        return removed
+    for name in os.listdir(folder):
+        if not name.startswith(STAGING):
+            continue
+        pid = name[len(STAGING) :].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        removed.append(path)
+    return removed
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -1,0 +1,226 @@
+"""Every command refuses bad input with one `error:` line, exit status 2, before any work.
+
+Each case says what the command is given, what its one error line must say,
+and what must be on disk afterwards. Work is made impossible (`no_work`), so
+a check that came after the work would fail the case, not pass it late.
+"""
+
+import os
+
+import pytest
+
+from pipelines import cli
+from pipelines.files import STAGING, remove_stale_staging
+from pipelines.serving import client
+from pipelines.training import checkpoints, run
+
+GOOD = b"PK\x03\x04 a file that is already there\n"
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Makes loading a model or starting a run fail the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command started its work before checking its input")
+
+    monkeypatch.setattr(checkpoints, "load_checkpoint", refuse)
+    monkeypatch.setattr(checkpoints.keras.saving, "load_model", refuse)
+    monkeypatch.setattr(client.tf.saved_model, "load", refuse)
+    monkeypatch.setattr(run, "run_training", refuse)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A folder of inputs: text, a run folder, a file standing where a folder must be."""
+    (tmp_path / "in.en").write_text("a\nb\n")
+    (tmp_path / "ref.de").write_text("x\ny\n")
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "kept.keras").write_bytes(GOOD)
+    (tmp_path / "broken.keras").write_bytes(b"\x00" * 943)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "model.keras").write_bytes(GOOD)
+    (run_dir / "sentencepiece.model").write_bytes(b"spm")
+    models = tmp_path / "models" / "m"
+    (models / "1").mkdir(parents=True)
+    (models / "1" / "saved_model.pb").write_bytes(b"pb")
+    (models / "2").mkdir()  # the newest version is empty
+    (tmp_path / "ct2").mkdir()
+    return tmp_path
+
+
+# (name, argv with {t} for the folder, the error says, files that must not exist)
+CASES = [
+    ("translate: input missing",
+     "translate --model {t}/models/m --input {t}/none.en", "--input: file not found", []),
+    ("translate: output folder cannot be created",
+     "translate --model {t}/models/m --input {t}/in.en --output {t}/a_file/out.de",
+     "--output: cannot create the folder", []),
+    ("translate: model folder missing",
+     "translate --model {t}/nothing --input {t}/in.en", "--model: no such folder", []),
+    ("translate: newest version broken",
+     "translate --model {t}/models/m --input {t}/in.en --output {t}/out.de",
+     "models/m/2 is broken: it has no saved_model.pb; an older version: --model", ["out.de"]),
+    ("translate: beam size",
+     "translate --model {t}/models/m --beam-size 0", "--beam-size and --batch-size", []),
+    ("average: output folder cannot be created",
+     "average {t}/kept.keras --output {t}/a_file/avg.keras", "--output: cannot create", []),
+    ("average: output not .keras",
+     "average {t}/kept.keras --output {t}/avg.h5", "--output must be a .keras file", ["avg.h5"]),
+    ("average: checkpoint missing",
+     "average {t}/kept.keras {t}/none.keras --output {t}/avg.keras",
+     "checkpoint: file not found", ["avg.keras"]),
+    ("evaluate: hypotheses missing",
+     "evaluate --hypotheses {t}/none --references {t}/ref.de", "--hypotheses: file not found", []),
+    ("evaluate: output folder cannot be created",
+     "evaluate --hypotheses {t}/in.en --references {t}/ref.de --output {t}/a_file/s.json",
+     "--output: cannot create", []),
+    ("attention: output folder cannot be created",
+     "attention --run-dir {t}/run --source a --output {t}/a_file/a.png",
+     "--output: cannot create", []),
+    ("export: negative version",
+     "export --run-dir {t}/run --max-source-length 16 --base {t}/models --name m --version -1",
+     "--version must be a non-negative integer. Received: -1", ["models/m/-1"]),
+    ("export: version taken",
+     "export --run-dir {t}/run --max-source-length 16 --base {t}/models --name m --version 1",
+     "models/m/1 already exists; choose another --version, or leave it out for the next free "
+     "one (3)", []),
+    ("export: run folder without a model",
+     "export --run-dir {t}/none", "model not found", []),
+    ("export: base cannot be created",
+     "export --run-dir {t}/run --max-source-length 16 --base {t}/a_file",
+     "--base/--name: cannot create", []),
+    ("ct2-export: output exists",
+     "ct2-export --run-dir {t}/run --max-source-length 16 --output {t}/ct2",
+     "--output: {t}/ct2 exists; pass --force", []),
+    ("train: output folder cannot be created",
+     "train --output-dir {t}/a_file/run", "output_dir: cannot create the folder", []),
+    ("train: wrong type", "train --set steps=abc", "steps must be an integer", []),
+    ("train: heads that do not divide the model size",
+     "train --set model.num_heads=3", "num_heads must divide hidden_dim", []),
+    ("train: config file holding a list",
+     "train --config {t}/list.json", "must hold a JSON object of settings", []),
+    ("no such command", "transmogrify", "unknown command 'transmogrify'", []),
+]  # fmt: skip
+
+
+def exit_status(argv):
+    try:
+        return cli.main(argv)
+    except SystemExit as exit_info:
+        return exit_info.code
+
+
+@pytest.mark.parametrize("name, argv, message, absent", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_before_any_work(
+    files, no_work, capsys, name, argv, message, absent
+):
+    (files / "list.json").write_text("[1, 2]")
+    before = sorted(str(p.relative_to(files)) for p in files.rglob("*"))
+    assert exit_status(argv.format(t=files).split()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert message.format(t=files) in err[0]
+    assert "Traceback" not in err[0]
+    for path in absent:
+        assert not (files / path).exists()
+    # Nothing written, nothing lost: the folder holds what it held.
+    after = sorted(str(p.relative_to(files)) for p in files.rglob("*"))
+    assert after == before
+    assert (files / "kept.keras").read_bytes() == GOOD
+
+
+def test_a_corrupt_checkpoint_is_called_corrupt_not_missing(files, capsys):
+    argv = ["average", str(files / "broken.keras"), str(files / "kept.keras")]
+    assert exit_status(argv + ["--output", str(files / "kept.keras")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{files}/broken.keras: the file is corrupt or truncated" in err
+    assert "not found" not in err
+    assert (files / "kept.keras").read_bytes() == GOOD
+
+
+def test_stale_staging_of_dead_processes_is_removed_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    dead, alive = int(finished.stdout), os.getpid()
+    (tmp_path / f"{STAGING}{dead}-abc").mkdir()
+    (tmp_path / f"{STAGING}{dead}-x.keras").write_bytes(b"half")
+    (tmp_path / f"{STAGING}{alive}-def").mkdir()
+    (tmp_path / "1").mkdir()
+    removed = remove_stale_staging(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in removed) == [
+        f"{STAGING}{dead}-abc",
+        f"{STAGING}{dead}-x.keras",
+    ]
+    assert sorted(os.listdir(tmp_path)) == sorted(["1", f"{STAGING}{alive}-def"])
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL in-process: nothing after it runs in the command."""
+
+
+def fake_translator(monkeypatch, calls, die_after=None):
+    """`kt translate` with a SavedModel that upper-cases, optionally dying mid-file."""
+
+    def translate_lines(signature, lines, beam_size, alpha, batch_size):
+        if die_after is not None and len(calls) == die_after:
+            raise Killed
+        calls.append(len(lines))
+        return [line.decode().upper() for line in lines], [0.0] * len(lines)
+
+    monkeypatch.setattr(client, "load_signature", lambda path: (path, None))
+    monkeypatch.setattr(client, "translate_lines", translate_lines)
+
+
+def test_a_killed_translation_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    lines = [f"sentence {i}" for i in range(10)]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
+    output = tmp_path / "out" / "out.de"  # its folder does not exist yet
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--output", str(output), "--batch-size", "3"]  # fmt: skip
+    calls = []
+    fake_translator(monkeypatch, calls, die_after=2)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    # Two batches were done and kept, in input order; the output has no name yet.
+    partial = output.parent / "out.de.partial"
+    assert partial.read_text().splitlines() == [line.upper() for line in lines[:6]]
+    assert not output.exists()
+    # A line cut by the kill is translated again.
+    with open(partial, "a") as handle:
+        handle.write("SENT")
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv) == 0
+    assert calls == [3, 1]  # only what was left
+    assert output.read_text().splitlines() == [line.upper() for line in lines]
+    assert "resuming after 6 lines" in capsys.readouterr().err
+    assert sorted(os.listdir(output.parent)) == ["out.de"]
+
+
+def test_a_partial_translation_of_another_input_is_started_over(tmp_path, monkeypatch):
+    (tmp_path / "in.en").write_text("a\nb\nc\n")
+    output = tmp_path / "out.de"
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--output", str(output), "--batch-size", "2"]  # fmt: skip
+    fake_translator(monkeypatch, [], die_after=1)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    (tmp_path / "in.en").write_text("x\ny\nz\n")
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv) == 0
+    assert calls == [2, 1] and output.read_text() == "X\nY\nZ\n"
+
+
+def test_translation_to_stdout_writes_each_batch_as_it_ends(tmp_path, monkeypatch, capsys):
+    (tmp_path / "in.en").write_text("a\nb\nc\n")
+    fake_translator(monkeypatch, [], die_after=1)
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en")]
+    with pytest.raises(Killed):
+        cli.main(argv + ["--batch-size", "2"])
+    assert capsys.readouterr().out == "A\nB\n"

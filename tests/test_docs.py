@@ -34,13 +34,19 @@ def test_docstring_examples(module_name, examples):
     assert result.attempted >= examples, f"{result.attempted} of {examples} examples ran"
 
 
-def test_readme_examples(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert len(blocks) >= 2
+def run_python_blocks(path):
+    """Runs a Markdown file's ```python blocks in order, in one namespace; returns it."""
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+    assert blocks, f"{path} has no Python blocks"
     namespace = {}
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, str(path), "exec"), namespace)
+    return namespace
+
+
+def test_readme_examples(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace = run_python_blocks(ROOT / "README.md")
     tokens = keras.ops.convert_to_numpy(namespace["tokens"])
     assert tokens.shape == (1, 4 + 50)
     assert (tmp_path / "translator.keras").exists()
@@ -50,3 +56,18 @@ def test_readme_examples(tmp_path, monkeypatch):
     classifier = namespace["classifier"]
     logits = classifier(np.array([[5, 6, 0, 0]]))
     assert tuple(logits.shape) == (1, 2)
+
+
+def test_the_decoding_guide_runs(tmp_path, monkeypatch):
+    """docs/decoding.md's blocks check their own claims (cached equals full pass, rescoring)."""
+    monkeypatch.chdir(tmp_path)
+    namespace = run_python_blocks(ROOT / "docs" / "decoding.md")
+    assert tuple(namespace["best"].shape)[:2] == (2, 2)
+
+
+def test_every_python_block_in_the_docs_runs_in_a_test():
+    """Core pages run here on every backend; pages that need TensorFlow in tests/pipelines."""
+    tested = {"README.md", "decoding.md", "training.md"}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    with_python = {p.name for p in pages if "```python" in p.read_text(encoding="utf-8")}
+    assert with_python <= tested, with_python - tested

@@ -14,9 +14,8 @@ import tensorflow as tf
 from keras_transformer.decoding import beam_search, greedy_search
 
 # Sentences searched together: enough rows for each step's matrix products to
-# pay for its fixed costs, few enough that one chunk's caches stay small. On
-# Multi30k's validation set, greedy ran at 402, 500 and 506 sentences/s with
-# chunks of 64, 128 and 256, beam 4 at 162, 168 and 159 (2 CPU cores).
+# pay for its fixed costs, few enough that one chunk's caches stay small
+# (chosen on Multi30k val; the comparison is in benchmarks/README.md).
 CHUNK_SIZE = 128
 
 

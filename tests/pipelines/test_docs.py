@@ -1,7 +1,10 @@
-"""The docstring examples under pipelines/ run and show what they claim."""
+"""The docstring examples and docs pages under pipelines/ run and show what they claim."""
 
 import doctest
 import importlib
+import pathlib
+import re
+import shlex
 
 import pytest
 
@@ -21,3 +24,68 @@ def test_docstring_examples(module_name, examples):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
     assert result.attempted >= examples, f"{result.attempted} of {examples} examples ran"
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_the_training_guide_runs(tmp_path, monkeypatch):
+    from tests.test_docs import run_python_blocks
+
+    monkeypatch.chdir(tmp_path)
+    namespace = run_python_blocks(ROOT / "docs" / "training.md")
+    assert len(namespace["history"].history["loss"]) == 2
+
+
+def test_the_settings_table_is_current():
+    from pipelines.training.config import settings_markdown
+
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    table = text.split("<!-- settings -->\n")[1].split("<!-- /settings -->")[0]
+    assert table == settings_markdown(), (
+        "regenerate it: python -c 'from pipelines.training.config import settings_markdown; "
+        "print(settings_markdown())'"
+    )
+
+
+def shown_commands():
+    """Every `kt ...` command line in the shell blocks of README.md and docs/."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(
+            r"```(?:sh|bash)\n(.*?)```", page.read_text(encoding="utf-8"), re.S
+        ):
+            block = block.replace("\\\n", " ")
+            for line in block.splitlines():
+                line = line.split(" #")[0].strip()
+                if line.startswith("kt "):
+                    found.append((page.name, line))
+    return found
+
+
+def test_the_docs_show_every_command():
+    names = {shlex.split(line)[1] for _, line in shown_commands()}
+    from pipelines import cli
+
+    assert names == set(cli.COMMANDS)
+
+
+@pytest.mark.parametrize("page, line", shown_commands(), ids=lambda x: str(x)[:60])
+def test_every_command_shown_parses(page, line, monkeypatch):
+    """The command line parses, and a train command's settings also validate."""
+    import importlib
+
+    from pipelines import cli
+    from pipelines.training import config
+
+    argv = shlex.split(line)[1:]
+    module = importlib.import_module(cli.COMMANDS[argv[0]])
+    parsed = []
+    monkeypatch.setattr(module, "run", lambda body, args: parsed.append(args) or 0)
+    assert cli.main(argv) == 0
+    (args,) = parsed
+    if argv[0] == "train" and not args.config:
+        from pipelines.commands.train import _settings
+
+        config.load_config(args.recipe, None, _settings(args))

@@ -8,6 +8,7 @@ from keras import ops
 from keras_transformer.layers import masks
 from keras_transformer.layers.initializers import clone_initializer
 from keras_transformer.layers.rows import apply_to_rows
+from keras_transformer.layers.sublayers import sublayer
 
 # Added to masked logits before the softmax. Large enough that exp() of it is
 # exactly 0 in float32, small enough that a fully masked row stays finite.
@@ -219,25 +220,18 @@ class MultiHeadAttention(keras.layers.Layer):
         self._output_dense.build((query_shape[0], query_shape[1], self.num_heads, value_dim))
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    @property
-    def query_dense(self):
-        """The query projection, an `EinsumDense` with a `(D, H, K)` kernel."""
-        return self._query_dense
-
-    @property
-    def key_dense(self):
-        """The key projection, an `EinsumDense` with a `(D, H, K)` kernel."""
-        return self._key_dense
-
-    @property
-    def value_dense(self):
-        """The value projection, an `EinsumDense` with a `(D, H, K_v)` kernel."""
-        return self._value_dense
-
-    @property
-    def output_dense(self):
-        """The output projection, an `EinsumDense` with a `(H, K_v, D)` kernel."""
-        return self._output_dense
+    query_dense = sublayer(
+        "_query_dense", "The query projection, an `EinsumDense` with a `(D, H, K)` kernel."
+    )
+    key_dense = sublayer(
+        "_key_dense", "The key projection, an `EinsumDense` with a `(D, H, K)` kernel."
+    )
+    value_dense = sublayer(
+        "_value_dense", "The value projection, an `EinsumDense` with a `(D, H, K_v)` kernel."
+    )
+    output_dense = sublayer(
+        "_output_dense", "The output projection, an `EinsumDense` with a `(H, K_v, D)` kernel."
+    )
 
     def compute_cache(self, value, key=None):
         """Projects keys and values once, for encoder-decoder attention.

@@ -4,6 +4,7 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.sublayers import sublayer
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -48,25 +49,14 @@ class TransformerBlock(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
 
-    @property
-    def self_attention(self):
-        """The self-attention `MultiHeadAttention`."""
-        return self._self_attention
-
-    @property
-    def self_attention_norm(self):
-        """The `LayerNormalization` of the self-attention sublayer."""
-        return self._self_attention_norm
-
-    @property
-    def feed_forward(self):
-        """The position-wise `FeedForward`."""
-        return self._feed_forward
-
-    @property
-    def feed_forward_norm(self):
-        """The `LayerNormalization` of the feed-forward sublayer."""
-        return self._feed_forward_norm
+    self_attention = sublayer("_self_attention", "The self-attention `MultiHeadAttention`.")
+    self_attention_norm = sublayer(
+        "_self_attention_norm", "The `LayerNormalization` of the self-attention sublayer."
+    )
+    feed_forward = sublayer("_feed_forward", "The position-wise `FeedForward`.")
+    feed_forward_norm = sublayer(
+        "_feed_forward_norm", "The `LayerNormalization` of the feed-forward sublayer."
+    )
 
     def _sublayer_kwargs(self):
         return {
@@ -180,10 +170,9 @@ class TransformerStack(keras.layers.Layer):
             )
         self.supports_masking = True
 
-    @property
-    def final_norm(self):
-        """The `LayerNormalization` after a pre-norm stack; None for post-norm."""
-        return self._final_norm
+    final_norm = sublayer(
+        "_final_norm", "The `LayerNormalization` after a pre-norm stack; None for post-norm."
+    )
 
     def _build_layers(self, *shapes):
         for layer in self.stack_layers:

@@ -5,10 +5,43 @@ from keras import ops
 
 from keras_transformer.layers import masks
 from keras_transformer.layers.block import TransformerBlock, TransformerStack
+from keras_transformer.layers.sublayers import sublayer
+
+
+class _DecoderCall:
+    """The `call` interface decoder layers and stacks share: Keras masks as defaults.
+
+    Subclasses implement `_decode(inputs, encoder_outputs, decoder_padding_mask,
+    encoder_padding_mask, return_attention_scores, training)`.
+    """
+
+    def call(
+        self,
+        inputs,
+        encoder_outputs,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        return_attention_scores=False,
+        training=None,
+        inputs_mask=None,
+        encoder_outputs_mask=None,
+    ):
+        if decoder_padding_mask is None:
+            decoder_padding_mask = inputs_mask
+        if encoder_padding_mask is None:
+            encoder_padding_mask = encoder_outputs_mask
+        return self._decode(
+            inputs,
+            encoder_outputs,
+            decoder_padding_mask,
+            encoder_padding_mask,
+            return_attention_scores,
+            training,
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(TransformerBlock):
+class DecoderLayer(_DecoderCall, TransformerBlock):
     """One decoder layer: masked self-attention, encoder-decoder attention, FFN.
 
     Self-attention is causal: position `i` attends positions `<= i` only. The
@@ -58,35 +91,18 @@ class DecoderLayer(TransformerBlock):
         self._cross_attention_dropout = self._dropout("cross_attention_dropout")
         self._build_feed_forward(inputs_shape)
 
-    @property
-    def cross_attention(self):
-        """The encoder-decoder `MultiHeadAttention`."""
-        return self._cross_attention
-
-    @property
-    def cross_attention_norm(self):
-        """The `LayerNormalization` of the encoder-decoder attention sublayer."""
-        return self._cross_attention_norm
+    cross_attention = sublayer("_cross_attention", "The encoder-decoder `MultiHeadAttention`.")
+    cross_attention_norm = sublayer(
+        "_cross_attention_norm",
+        "The `LayerNormalization` of the encoder-decoder attention sublayer.",
+    )
 
     def compute_cross_attention_cache(self, encoder_outputs):
         """Projects `(B, S, D)` encoder outputs once into `(keys, values)`, `(B, H, S, K)` each."""
         return self._cross_attention.compute_cache(encoder_outputs)
 
-    def call(
-        self,
-        inputs,
-        encoder_outputs,
-        decoder_padding_mask=None,
-        encoder_padding_mask=None,
-        return_attention_scores=False,
-        training=None,
-        inputs_mask=None,
-        encoder_outputs_mask=None,
-    ):
-        if decoder_padding_mask is None:
-            decoder_padding_mask = inputs_mask
-        if encoder_padding_mask is None:
-            encoder_padding_mask = encoder_outputs_mask
+    def _decode(self, inputs, encoder_outputs, decoder_padding_mask, encoder_padding_mask, *flags):
+        return_attention_scores, training = flags
 
         def self_attend(x):  # position i attends positions <= i
             return self._self_attention(
@@ -179,7 +195,7 @@ class DecoderLayer(TransformerBlock):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(TransformerStack):
+class Decoder(_DecoderCall, TransformerStack):
     """A stack of `num_layers` `DecoderLayer`s (N = 6 in the paper).
 
     `call` decodes whole target sequences (training, attention maps);
@@ -254,21 +270,8 @@ class Decoder(TransformerStack):
         """`(B, S, D)` encoder outputs -> L `(keys, values)` pairs, `(B, H, S, K)` each."""
         return [layer.compute_cross_attention_cache(encoder_outputs) for layer in self.stack_layers]
 
-    def call(
-        self,
-        inputs,
-        encoder_outputs,
-        decoder_padding_mask=None,
-        encoder_padding_mask=None,
-        return_attention_scores=False,
-        training=None,
-        inputs_mask=None,
-        encoder_outputs_mask=None,
-    ):
-        if decoder_padding_mask is None:
-            decoder_padding_mask = inputs_mask
-        if encoder_padding_mask is None:
-            encoder_padding_mask = encoder_outputs_mask
+    def _decode(self, inputs, encoder_outputs, decoder_padding_mask, encoder_padding_mask, *flags):
+        return_attention_scores, training = flags
         outputs, scores = inputs, []
         for layer in self.stack_layers:
             outputs = layer(

@@ -4,6 +4,7 @@ import keras
 
 from keras_transformer.layers.initializers import clone_initializer
 from keras_transformer.layers.rows import apply_to_rows
+from keras_transformer.layers.sublayers import sublayer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -80,15 +81,11 @@ class FeedForward(keras.layers.Layer):
         self._output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self._dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    @property
-    def intermediate_dense(self):
-        """The first projection, `Dense(intermediate_dim)` with the activation."""
-        return self._intermediate_dense
-
-    @property
-    def output_dense(self):
-        """The second projection, back to the model size."""
-        return self._output_dense
+    intermediate_dense = sublayer(
+        "_intermediate_dense",
+        "The first projection, `Dense(intermediate_dim)` with the activation.",
+    )
+    output_dense = sublayer("_output_dense", "The second projection, back to the model size.")
 
     def call(self, inputs, training=None):
         def feed_forward(rows):  # (B * T, D)

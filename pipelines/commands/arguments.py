@@ -25,11 +25,15 @@ def command_parser(prog, doc):
     )
 
 
-def add_run_arguments(parser):
-    """Adds `--run-dir`, `--model` and `--sentencepiece` to a command's parser."""
+def add_run_arguments(parser, source_length=False):
+    """Adds `--run-dir`, `--model`, `--sentencepiece` (and `--max-source-length`) to a parser."""
     parser.add_argument("--run-dir", help="a training output folder (model.keras, ...)")
     parser.add_argument("--model", help="a .keras file; defaults to RUN_DIR/model.keras")
     parser.add_argument("--sentencepiece", help="defaults to RUN_DIR/sentencepiece.model")
+    if source_length:
+        parser.add_argument(
+            "--max-source-length", type=int, help="defaults to the run's max_length"
+        )
 
 
 def run_files(args):

@@ -22,9 +22,8 @@ from pipelines.files import prepare_output_folder
 
 def _parse(argv, prog):
     parser = command_parser(prog, __doc__.splitlines()[0])
-    add_run_arguments(parser)
+    add_run_arguments(parser, source_length=True)
     parser.add_argument("--output", required=True, help="the CTranslate2 folder to write")
-    parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
     parser.add_argument("--quantization", help="e.g. int8, int8_float32, float16")
     parser.add_argument("--force", action="store_true", help="replace an existing --output")
     return parser.parse_args(argv)

@@ -24,8 +24,7 @@ from pipelines.serving.versions import check_version
 
 def _parse(argv, prog):
     parser = command_parser(prog, __doc__.splitlines()[0])
-    add_run_arguments(parser)
-    parser.add_argument("--max-source-length", type=int, help="defaults to the run's max_length")
+    add_run_arguments(parser, source_length=True)
     parser.add_argument("--name", default="translator", help="model name (folder under --base)")
     parser.add_argument("--base", default="saved_models", help="where model folders live")
     parser.add_argument("--version", type=int, help="defaults to the next free integer")

@@ -26,6 +26,8 @@ COMMANDS = {
     "ct2-export": "pipelines.commands.ctranslate2_export",
     "demo": "pipelines.commands.demo",
 }
+# Commands that never import TensorFlow (scoring text files).
+WITHOUT_TENSORFLOW = {"evaluate"}
 
 
 def summary(module_name):
@@ -36,6 +38,7 @@ def summary(module_name):
 
 
 def usage():
+    """`kt --help`: the commands, one line each."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {summary(module)}" for name, module in COMMANDS.items()]
     return "usage: kt COMMAND [--help] ...\n\ncommands:\n" + "\n".join(lines) + "\n"
@@ -87,6 +90,6 @@ def main(argv=None):
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; one of {list(COMMANDS)}", file=sys.stderr)
         return 2
-    if not any(flag in rest for flag in ("-h", "--help")):
+    if name not in WITHOUT_TENSORFLOW and not any(flag in rest for flag in ("-h", "--help")):
         import_tensorflow_quietly()
     return importlib.import_module(COMMANDS[name]).main(rest, prog=f"kt {name}")

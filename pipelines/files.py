@@ -11,12 +11,33 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 
 from pipelines.errors import DataError
 
-# Temporary files and folders start with this, then the writer's pid.
+# Temporary files and folders start with this, then `staging_owner()`.
 STAGING = ".staging-"
+
+
+def staging_owner():
+    """`PID@HOST-`: which process on which machine writes a staging file.
+
+    Only this machine's dead writers are cleaned up: on shared storage (NFS,
+    a volume several containers mount) another machine's pid says nothing.
+    """
+    return f"{os.getpid()}@{socket.gethostname()}-"
+
+
+def make_shareable(path):
+    """Gives a staging file or folder the mode a plain `open`/`mkdir` would have.
+
+    `mkstemp` and `mkdtemp` create owner-only files (0600) and folders (0700);
+    outputs renamed from them would keep that mode.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~umask)
 
 
 def check_input_file(path, flag):
@@ -58,10 +79,10 @@ def prepare_output_folder(folder, flag):
 
 
 def staging_path(path, suffix=""):
-    """A hidden name beside `path` that no other process uses: `.staging-PID-XXXX{suffix}`."""
+    """A hidden name beside `path` that no other process uses: `.staging-PID@HOST-...`."""
     folder, name = os.path.split(os.path.abspath(path))
     handle, staging = tempfile.mkstemp(
-        prefix=f"{STAGING}{os.getpid()}-{name}-", suffix=suffix, dir=folder
+        prefix=f"{STAGING}{staging_owner()}{name}-", suffix=suffix, dir=folder
     )
     os.close(handle)
     return staging
@@ -80,6 +101,7 @@ def atomic_output(path, suffix=""):
     staging = staging_path(path, suffix)
     try:
         yield staging
+        make_shareable(staging)
         os.replace(staging, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -105,7 +127,7 @@ def write_json(path, data):
 
 
 def remove_stale_staging(folder):
-    """Removes staging files and folders in `folder` left by processes no longer running.
+    """Removes staging files and folders in `folder` left by this machine's dead processes.
 
     Returns:
         list of str, the paths removed.
@@ -116,8 +138,9 @@ def remove_stale_staging(folder):
     for name in os.listdir(folder):
         if not name.startswith(STAGING):
             continue
-        pid = name[len(STAGING) :].split("-", 1)[0]
-        if not pid.isdigit() or _running(int(pid)):
+        pid, _, rest = name[len(STAGING) :].partition("@")
+        here = rest.startswith(f"{socket.gethostname()}-")
+        if not (here and pid.isdigit()) or _running(int(pid)):
             continue
         path = os.path.join(folder, name)
         if os.path.isdir(path):

@@ -267,3 +267,28 @@ def test_blockwise_top_k_equals_a_full_sort(size, k):
     expected = np.argsort(-values, axis=1)[:, :k]
     np.testing.assert_array_equal(to_numpy(indices), expected)
     np.testing.assert_array_equal(to_numpy(top), np.take_along_axis(values, expected, axis=1))
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("static_shapes", [True, False])
+def test_mixed_precision_models_decode_with_caches(model, policy, static_shapes):
+    """The cached step runs outside `__call__`; its caches keep the compute dtype."""
+    if keras.backend.backend() == "jax" and not static_shapes:
+        return
+    mixed = Transformer.from_config({**model.get_config(), "dtype": policy})
+    mixed((SOURCES, SOURCES))
+    mixed.set_weights(model.get_weights())
+    state = mixed.start_decoding(SOURCES, 4 if static_shapes else 0)
+    ids = keras.ops.full((3,), mixed.bos_id, dtype="int32")
+    log_probs, state = mixed.decoding_step(ids, state, 0 if static_shapes else None)
+    cache = state["target"]["self_attention_cache"]
+    assert {keras.backend.standardize_dtype(part.dtype) for pair in cache for part in pair} == {
+        policy.split("_")[1]
+    }
+    options = {"extra_length": EXTRA, "static_shapes": static_shapes}
+    tokens = greedy_search(mixed, SOURCES, **options)
+    best, _ = beam_search(mixed, SOURCES, beam_size=2, **options)
+    assert tuple(tokens.shape) == (3, 6 + EXTRA) and tuple(best.shape)[:2] == (3, 1)
+    # Rounding in half precision may change a close choice, not most of them.
+    expected = to_numpy(greedy_search(model, SOURCES, **options))
+    assert np.mean(to_numpy(tokens) == expected) > 0.8

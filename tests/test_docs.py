@@ -4,6 +4,7 @@ import doctest
 import importlib
 import pathlib
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -46,7 +47,16 @@ def run_python_blocks(path):
 
 def test_readme_examples(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    namespace = run_python_blocks(ROOT / "README.md")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        namespace = run_python_blocks(ROOT / "README.md")
+    # Only the libraries' own deprecation notices, which Python hides from users.
+    shown = [f"{w.category.__name__}: {w.message}" for w in caught]
+    assert not [
+        w
+        for w, c in zip(shown, caught, strict=True)
+        if not issubclass(c.category, DeprecationWarning)
+    ], shown
     tokens = keras.ops.convert_to_numpy(namespace["tokens"])
     assert tokens.shape == (1, 4 + 50)
     assert (tmp_path / "translator.keras").exists()

@@ -65,9 +65,12 @@ def _dense_rows(dense, rows):
     einsum of a 3-D input (see `rows.apply_to_rows`). Returns `(N, outputs)`.
     """
     rows = ops.reshape(rows, (ops.shape(rows)[0], -1))  # (N, features)
-    outputs = ops.matmul(rows, ops.reshape(dense.kernel, (ops.shape(rows)[1], -1)))
+    # Cast as the layer's autocast would: `call_with_cache` and `attend_cached`
+    # are called directly, outside `__call__`'s autocast scope.
+    kernel = ops.cast(dense.kernel, rows.dtype)
+    outputs = ops.matmul(rows, ops.reshape(kernel, (ops.shape(rows)[1], -1)))
     if dense.bias is not None:
-        outputs = outputs + ops.reshape(dense.bias, (-1,))
+        outputs = outputs + ops.reshape(ops.cast(dense.bias, rows.dtype), (-1,))
     return outputs
 
 
@@ -329,11 +332,14 @@ class MultiHeadAttention(keras.layers.Layer):
         grow = cache_update_index is None
         start_index = ops.shape(cache[0])[2] if grow else cache_update_index
         cache = _update_cache(cache, key_states, value_states, start_index, grow)
-        causal = None
+        causal = written = None
         if use_causal_mask:
             causal = masks.causal_mask(ops.shape(query)[1], ops.shape(cache[0])[2], start_index)
+        elif not grow:  # slots of a fixed-size cache not written yet
+            end = start_index + ops.shape(query)[1]
+            written = ops.expand_dims(ops.arange(ops.shape(cache[0])[2]) < end, 0)  # (1, S')
         mask = masks.merge_attention_masks(
-            query_mask=query_mask, attention_mask=attention_mask, causal=causal
+            query_mask=query_mask, key_mask=written, attention_mask=attention_mask, causal=causal
         )
         outputs, _ = self._attend(query_states, cache[0], cache[1], mask, training)
         return self._output_projection(ops.transpose(outputs, (0, 2, 1, 3))), cache

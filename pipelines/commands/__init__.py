@@ -1,9 +1,8 @@
 """Command-line entry points: parse, call the library, report.
 
-Every command is `python -m pipelines.<name>` (a shim that calls
-`pipelines.commands.<name>.main`) and a `kt-*` console script. They all end
-the same way through `run`: 0 on success, and for a `UsageError` one
-`error: ...` line on stderr and exit status 2.
+Each module here is one `kt` subcommand (`pipelines.cli` dispatches to its
+`main(argv, prog)`). They all end the same way through `run`: 0 on success,
+and for a `UsageError` one `error: ...` line on stderr and exit status 2.
 """
 
 import sys

@@ -61,7 +61,8 @@ def max_source_length(args):
     """
     length = args.max_source_length
     if length is None:
-        length = run_max_length(args.run_dir)
+        run_dir = args.run_dir or os.path.dirname(os.path.abspath(args.model or "model.keras"))
+        length = run_max_length(run_dir)
     if not length or length < 2:
         raise ConfigError(f"--max-source-length must be at least 2. Received: {length}")
     return length

@@ -28,7 +28,13 @@ from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
-from pipelines.training.config import base_type, load_config, recipe_names, settings
+from pipelines.training.config import (
+    base_type,
+    check_paths,
+    load_config,
+    recipe_names,
+    settings,
+)
 
 
 def _add_setting_flags(parser):
@@ -92,8 +98,9 @@ def _train(args):
     if args.print_config:
         print(config.to_json())
         return 0
+    check_paths(config)
     prepare_output_folder(config.output.output_dir, "output_dir")
-    from pipelines.training.run import run_training  # imports TensorFlow: after validation
+    from pipelines.training.run import run_training  # the data and the work: after the checks
 
     print(json.dumps(run_training(config), indent=2))
 

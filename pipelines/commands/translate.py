@@ -26,7 +26,7 @@ import time
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
-from pipelines.files import check_input_file, prepare_output_file
+from pipelines.files import check_input_file, prepare_output_file, write_json
 
 
 def _progress(total):
@@ -40,6 +40,12 @@ def _progress(total):
     return report
 
 
+def _identity(version):
+    """A SavedModel version folder's path and its graph file's size and time."""
+    graph = os.stat(os.path.join(version, "saved_model.pb"))
+    return [os.path.abspath(version), graph.st_size, graph.st_mtime_ns]
+
+
 def _resume_point(partial, state):
     """Lines of `partial` to keep: those of an earlier run with the same `state`, else 0."""
     sidecar = f"{partial}.json"
@@ -51,9 +57,11 @@ def _resume_point(partial, state):
     except (OSError, ValueError):
         same, data = False, b""
     if not same:
-        with open(sidecar, "w", encoding="utf-8") as handle:
-            json.dump(state, handle)
-        open(partial, "wb").close()
+        # Emptied before the new state is recorded: a kill in between leaves
+        # no lines under a state they do not belong to.
+        with open(partial, "wb") as handle:
+            os.fsync(handle.fileno())
+        write_json(sidecar, state)
         return 0
     complete = data[: data.rfind(b"\n") + 1]  # a line cut by the kill is redone
     with open(partial, "r+b") as handle:
@@ -86,7 +94,7 @@ def _translate(args):
             partial = f"{args.output}.partial"
             state = {
                 "input_sha256": hashlib.sha256(data).hexdigest(),
-                "model": os.path.abspath(version),
+                "model": _identity(version),
                 "beam_size": args.beam_size,
                 "alpha": args.alpha,
             }

@@ -32,7 +32,7 @@ import tensorflow_text as tf_text
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
-from pipelines.files import STAGING, remove_stale_staging
+from pipelines.files import STAGING, make_shareable, remove_stale_staging, staging_owner
 from pipelines.serving.translation import CHUNK_SIZE, translate_strings
 from pipelines.serving.versions import check_version, next_version
 
@@ -153,7 +153,8 @@ def export(translator, base_dir, version=None):
     check_version(base_dir, version)
     os.makedirs(base_dir, exist_ok=True)
     remove_stale_staging(base_dir)
-    staging = tempfile.mkdtemp(prefix=f"{STAGING}{os.getpid()}-", dir=base_dir)
+    staging = tempfile.mkdtemp(prefix=f"{STAGING}{staging_owner()}", dir=base_dir)
+    make_shareable(staging)
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
         while True:

@@ -20,8 +20,11 @@ import os
 import types
 import typing
 
+import keras
+
 from keras_transformer.models.presets import PRESETS
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, DataError
+from pipelines.files import check_input_file
 
 CORPORA = ("default", "multi30k", "files", "tfds")
 MODEL_SIZES = ("num_layers", "hidden_dim", "intermediate_dim", "num_heads")
@@ -325,6 +328,13 @@ def validate(config):
             f"num_heads must divide hidden_dim ({arguments['hidden_dim']}). "
             f"Received: num_heads={arguments['num_heads']}"
         )
+    if model.activation is not None:
+        try:
+            keras.activations.get(model.activation)
+        except ValueError:
+            raise ConfigError(
+                f"activation must be a Keras activation. Received: activation={model.activation!r}"
+            ) from None
     if model.learned_positions and not model.max_positions:
         raise ConfigError("learned_positions needs max_positions (--max-positions)")
     if optimization.steps is None and not config.budget.max_minutes:
@@ -341,6 +351,21 @@ def validate(config):
             f"Received: batch_tokens={config.batching.batch_tokens}"
         )
     return config
+
+
+def check_paths(config):
+    """Raises `DataError` unless the corpus files and folders the config names exist.
+
+    Apart from `validate`, so that a configuration can be resolved and printed
+    (`--print-config`) on a machine without the data.
+    """
+    data = config.data
+    if data.corpus == "multi30k" and not os.path.isdir(data.multi30k_dir):
+        raise DataError(f"multi30k_dir: Multi30k folder not found: {data.multi30k_dir}")
+    if data.corpus == "files":
+        for name in ("train_files", "validation_files"):
+            for path in getattr(data, name) or []:
+                check_input_file(path, name)
 
 
 def recipe_names():
@@ -421,10 +446,13 @@ def run_max_length(run_dir):
     path = os.path.join(run_dir or "", "config.json")
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as handle:
-        recorded = json.load(handle)
-    # Runs of 0.1.0 wrote a flat config.
-    return recorded.get("batching", recorded).get("max_length")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            recorded = json.load(handle)
+        # Runs of 0.1.0 wrote a flat config.
+        return recorded.get("batching", recorded).get("max_length")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise ConfigError(f"{path}: not a run's config.json") from None
 
 
 def settings_markdown():

@@ -185,7 +185,7 @@ def _train_dataset_fn(config, examples):
 
 
 def run_training(config):
-    """Trains as configured; writes the outputs listed in `pipelines.train`.
+    """Trains as configured; writes the outputs listed in `kt train --help`.
 
     Returns:
         dict of results: steps, final losses, validation BLEU, paths.

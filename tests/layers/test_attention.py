@@ -192,6 +192,16 @@ def test_fixed_size_cache_takes_several_steps_at_once(data):
     )
 
 
+def test_a_fixed_size_cache_masks_its_unwritten_slots_without_a_causal_mask(data):
+    query, _ = data
+    layer = MultiHeadAttention(num_heads=H, key_dim=4)
+    expected = to_numpy(layer(query[:, :2], query[:, :2]))  # two keys, no mask
+    # A buffer of T slots holding garbage past the two written ones.
+    cache = (ops.ones((B, H, T, 4)) * 9.0, ops.ones((B, H, T, 4)) * 9.0)
+    output, _ = layer.call_with_cache(query[:, :2], cache, 0)
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5)
+
+
 def test_a_growing_cache_takes_several_steps_at_once(data):
     query, _ = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4)

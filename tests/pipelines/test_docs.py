@@ -31,8 +31,15 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def test_the_training_guide_runs(tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    from pipelines.training.run import make_strategy
     from tests.test_docs import run_python_blocks
 
+    # One MirroredStrategy a process: a second one in this test process would
+    # reuse the collective keys of the other tests' strategy.
+    strategy, _ = make_strategy()
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", lambda: strategy)
     monkeypatch.chdir(tmp_path)
     namespace = run_python_blocks(ROOT / "docs" / "training.md")
     assert len(namespace["history"].history["loss"]) == 2

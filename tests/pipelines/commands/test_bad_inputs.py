@@ -6,6 +6,7 @@ a check that came after the work would fail the case, not pass it late.
 """
 
 import os
+import pathlib
 
 import pytest
 
@@ -141,22 +142,32 @@ def test_a_corrupt_checkpoint_is_called_corrupt_not_missing(files, capsys):
 
 
 def test_stale_staging_of_dead_processes_is_removed_and_live_ones_kept(tmp_path):
+    import socket
     import subprocess
     import sys
 
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True)  # fmt: skip
-    dead, alive = int(finished.stdout), os.getpid()
-    (tmp_path / f"{STAGING}{dead}-abc").mkdir()
-    (tmp_path / f"{STAGING}{dead}-x.keras").write_bytes(b"half")
-    (tmp_path / f"{STAGING}{alive}-def").mkdir()
+    host = socket.gethostname()
+    dead, alive = f"{int(finished.stdout)}@{host}", f"{os.getpid()}@{host}"
+    elsewhere = f"{int(finished.stdout)}@another-{host}"  # shared storage: not ours to judge
+    names = [f"{STAGING}{dead}-abc", f"{STAGING}{dead}-x.keras", f"{STAGING}{alive}-def"]
+    names.append(f"{STAGING}{elsewhere}-ghi")
+    for name in names:
+        (tmp_path / name).mkdir()
     (tmp_path / "1").mkdir()
     removed = remove_stale_staging(str(tmp_path))
-    assert sorted(os.path.basename(p) for p in removed) == [
-        f"{STAGING}{dead}-abc",
-        f"{STAGING}{dead}-x.keras",
-    ]
-    assert sorted(os.listdir(tmp_path)) == sorted(["1", f"{STAGING}{alive}-def"])
+    assert sorted(os.path.basename(p) for p in removed) == names[:2]
+    assert sorted(os.listdir(tmp_path)) == sorted(["1", *names[2:]])
+
+
+def test_atomic_outputs_get_the_mode_a_plain_write_gets(tmp_path):
+    from pipelines.files import write_json
+
+    (tmp_path / "plain.json").write_text("{}")
+    write_json(str(tmp_path / "atomic.json"), {})
+    modes = [os.stat(tmp_path / name).st_mode & 0o777 for name in ("plain.json", "atomic.json")]
+    assert modes[0] == modes[1]
 
 
 class Killed(BaseException):
@@ -172,7 +183,12 @@ def fake_translator(monkeypatch, calls, die_after=None):
         calls.append(len(lines))
         return [line.decode().upper() for line in lines], [0.0] * len(lines)
 
-    monkeypatch.setattr(client, "load_signature", lambda path: (path, None))
+    def load_signature(path):
+        graph = pathlib.Path(path, "saved_model.pb")  # the version the output records
+        graph.exists() or graph.touch()
+        return path, None
+
+    monkeypatch.setattr(client, "load_signature", load_signature)
     monkeypatch.setattr(client, "translate_lines", translate_lines)
 
 
@@ -224,3 +240,13 @@ def test_translation_to_stdout_writes_each_batch_as_it_ends(tmp_path, monkeypatc
     with pytest.raises(Killed):
         cli.main(argv + ["--batch-size", "2"])
     assert capsys.readouterr().out == "A\nB\n"
+
+
+def test_a_truncated_newest_version_is_named_with_an_older_one(files, capsys):
+    models = files / "models" / "m"
+    (models / "2" / "saved_model.pb").write_bytes(b"\x0a\x05trunc")  # cut short
+    argv = ["translate", "--model", str(models), "--input", str(files / "in.en")]
+    assert exit_status(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: the SavedModel {models}/2 is broken: "), err
+    assert err[0].endswith(f"an older version: --model {models}/1")

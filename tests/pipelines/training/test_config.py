@@ -109,6 +109,7 @@ def test_a_value_out_of_range_is_one_error_before_any_work(item, no_training, ca
         (["--train-files", "a"], "expected 2 arguments"),
         (["--set", "learned_positions=true"], "learned_positions needs max_positions"),
         (["--set", "normalize_first=maybe"], "normalize_first must be true or false"),
+        (["--set", "model.activation=sigmoidal"], "activation must be a Keras activation"),
     ],
 )
 def test_bad_flags_are_one_error_line(argv, message, no_training, capsys):

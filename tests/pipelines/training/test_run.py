@@ -52,7 +52,7 @@ def test_bad_inputs_give_one_clear_error(tmp_path, capsys):
     assert "empty" in run_main(capsys, "--corpus", "files", "--train-files", empty, empty, *out)
     missing = str(tmp_path / "missing.en")
     err = run_main(capsys, "--corpus", "files", "--train-files", missing, two, *out)
-    assert f"File not found: {missing}" in err
+    assert f"train_files: file not found: {missing}" in err
     err = run_main(capsys, "--corpus", "tfds", "--tfds-name", "no_such_dataset/en-de", *out)
     assert "Unknown TFDS dataset 'no_such_dataset/en-de'" in err
     assert "Multi30k folder not found" in run_main(
@@ -68,7 +68,9 @@ def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):
     )  # fmt: skip
     assert process.returncode == 2
     assert "Traceback" not in process.stderr
-    assert process.stderr.strip().splitlines()[-1] == f"error: File not found: {tmp_path}/nope.en"
+    assert process.stderr.strip().splitlines() == [
+        f"error: train_files: file not found: {tmp_path}/nope.en"
+    ]
 
 
 def test_short_run_writes_every_output(tmp_path, capsys):

@@ -11,7 +11,13 @@ Masks:
     attention mask: bool `(B, T, S)`, True where a query may attend a key.
 """
 
-from keras_transformer.decoding import beam_search, greedy_search, length_penalty, score_hypotheses
+from keras_transformer.decoding import (
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sample,
+    score_hypotheses,
+)
 from keras_transformer.layers import (
     Decoder,
     DecoderLayer,
@@ -46,6 +52,7 @@ __all__ = [
     "beam_search",
     "greedy_search",
     "length_penalty",
+    "sample",
     "score_hypotheses",
     "transformer_optimizer",
 ]

@@ -1,4 +1,4 @@
-"""Greedy and beam search (section 6.1) on `ops.while_loop`.
+"""Greedy search, beam search (section 6.1) and sampling on `ops.while_loop`.
 
 Both searches run a whole batch at once and step a decoder through the
 interface `Transformer.start_decoding` / `Transformer.decoding_step`. Each
@@ -26,12 +26,14 @@ produced.
 
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding.sampling import filter_log_probs, sample
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
     CachedSteps,
     RecomputedSteps,
     SearchSetup,
     ban_special_tokens,
+    force_prefix,
     gather_rows,
     length_penalty,
     prepare_search,
@@ -45,11 +47,14 @@ __all__ = [
     "RecomputedSteps",
     "SearchSetup",
     "ban_special_tokens",
+    "filter_log_probs",
+    "force_prefix",
     "beam_search",
     "gather_rows",
     "greedy_search",
     "length_penalty",
     "prepare_search",
+    "sample",
     "score_hypotheses",
     "write_column",
 ]

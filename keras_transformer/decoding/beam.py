@@ -5,6 +5,8 @@ from keras import ops
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
     ban_special_tokens,
+    check_prefix,
+    force_prefix,
     gather_rows,
     length_penalty,
     prepare_search,
@@ -191,6 +193,7 @@ def beam_search(
     use_cache=True,
     static_shapes=None,
     early_stop=False,
+    target_prefix=None,
 ):
     """Beam search with the GNMT length penalty, returning the N best.
 
@@ -222,6 +225,9 @@ def beam_search(
         early_stop: bool, stop a sentence once its best extension ends and
             `num_hypotheses` have finished (CTranslate2's rule) instead of the
             default rule above.
+        target_prefix: int `(B, P)` or None: every hypothesis starts with its
+            sentence's tokens (padded with `model.pad_id`), scored as forced
+            tokens, and the search continues from the cache they filled.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
@@ -243,6 +249,7 @@ def beam_search(
     """
     _check_sizes(beam_size, num_hypotheses)
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    prefix = check_prefix(target_prefix)
     batch_size = ops.shape(source_ids)[0]
     limits, width, steps, state, sentences, static = prepare_search(
         model, source_ids, max_output_length, extra_length, use_cache, static_shapes
@@ -264,6 +271,8 @@ def beam_search(
             ops.reshape(alive_ids, (-1,)), state, index if static else None
         )  # (n * K, V)
         log_probs = ban_special_tokens(model, log_probs)
+        row_sentences = ops.repeat(sentences, beam_size)  # (n * K,)
+        log_probs = force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
         top_log_probs, origins, new_ids = _expand(alive_log_probs, log_probs, beam_size)
         extended = write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
         ends = ops.equal(new_ids, model.eos_id)  # (n, 2K)

@@ -1,9 +1,11 @@
-"""Greedy search: the most probable token at every step."""
+"""Greedy search, and the row-by-row loop it shares with sampling."""
 
 from keras import ops
 
 from keras_transformer.decoding.steps import (
     ban_special_tokens,
+    check_prefix,
+    force_prefix,
     gather_rows,
     length_penalty,
     prepare_search,
@@ -19,6 +21,7 @@ def greedy_search(
     use_cache=True,
     return_scores=False,
     static_shapes=None,
+    target_prefix=None,
 ):
     """Decodes by taking the most probable token at every step.
 
@@ -37,6 +40,9 @@ def greedy_search(
         return_scores: bool, also return the scores.
         static_shapes: bool or None, see the module docstring; None chooses
             static shapes on JAX only.
+        target_prefix: int `(B, P)` or None: each output starts with its row's
+            tokens (padded with `model.pad_id`), scored as forced tokens, and
+            the search continues from the cache they filled.
 
     Returns:
         int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
@@ -55,7 +61,36 @@ def greedy_search(
     References:
         Vaswani et al., 2017, section 6.1.
     """
+
+    def most_probable(log_probs, index, rows):
+        return ops.cast(ops.argmax(log_probs, axis=-1), "int32"), ops.max(log_probs, axis=-1)
+
+    options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
+    tokens, totals, lengths = search_rows(model, source_ids, most_probable, *options)
+    if not return_scores:
+        return tokens
+    return tokens, totals / length_penalty(lengths, alpha)
+
+
+def search_rows(
+    model, source_ids, choose, max_output_length, extra_length, use_cache, static_shapes, prefix
+):
+    """One token a row a step, as `choose` picks it: the loop greedy search and sampling share.
+
+    Args:
+        model, source_ids, max_output_length, extra_length, use_cache,
+        static_shapes: as in `greedy_search`.
+        choose: callable `(log_probs (R, V), index, rows (R,)) -> (ids (R,),
+            log_probs of those ids (R,))`.
+        prefix: int `(B, P)` target prefix or None (`greedy_search`'s
+            `target_prefix`).
+
+    Returns:
+        `(tokens, totals, lengths)`: int32 `(B, T)`, float32 `(B,)` summed
+        log-probabilities, int32 `(B,)` tokens produced.
+    """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
+    prefix = check_prefix(prefix)
     batch_size = ops.shape(source_ids)[0]
     limits, width, steps, state, rows, static = prepare_search(
         model, source_ids, max_output_length, extra_length, use_cache, static_shapes
@@ -77,8 +112,10 @@ def greedy_search(
         # static shapes they are all sentences and `live` marks the unfinished.
         log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
         log_probs = ban_special_tokens(model, log_probs)
-        next_ids = ops.where(live, ops.cast(ops.argmax(log_probs, axis=-1), "int32"), model.pad_id)
-        row_totals = ops.take(totals, rows) + ops.where(live, ops.max(log_probs, axis=-1), 0.0)
+        log_probs = force_prefix(log_probs, prefix, rows, index, model.pad_id)
+        chosen, chosen_log_probs = choose(log_probs, index, rows)
+        next_ids = ops.where(live, chosen, model.pad_id)
+        row_totals = ops.take(totals, rows) + ops.where(live, chosen_log_probs, 0.0)
         row_lengths = ops.take(lengths, rows) + ops.cast(live, "int32")
         position = ops.full_like(rows, index)
         tokens = ops.scatter_update(tokens, ops.stack([rows, position], axis=1), next_ids)
@@ -93,10 +130,7 @@ def greedy_search(
     live = ops.ones_like(rows, dtype="bool")
     loop_vars = (ops.convert_to_tensor(0, "int32"), rows, ids, live, state)
     outputs = ops.while_loop(condition, body, loop_vars + (tokens, totals, lengths))
-    tokens, totals, lengths = outputs[-3:]
-    if not return_scores:
-        return tokens
-    return tokens, totals / length_penalty(lengths, alpha)
+    return outputs[-3:]
 
 
 def _drop_finished(live, tree):

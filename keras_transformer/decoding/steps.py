@@ -180,6 +180,47 @@ def prepare_search(
     return SearchSetup(limits, width, steps, state, rows, static)
 
 
+def force_prefix(log_probs, target_prefix, row_sentences, index, pad_id):
+    """`(R, V)` log-probabilities where rows inside their prefix can only produce it.
+
+    While `index` is inside row `r`'s sentence's prefix, every token but the
+    prefix's next one is made impossible, so any search takes the prefix token
+    and scores it by the model's own log-probability (a forced token).
+
+    Args:
+        log_probs: float32 `(R, V)` next-token log-probabilities.
+        target_prefix: int `(B, P)` prefixes padded with `pad_id`, or None.
+        row_sentences: int `(R,)` sentence of each row.
+        index: int scalar, the position being decoded.
+        pad_id: int, the padding id.
+
+    Returns:
+        float32 `(R, V)`.
+    """
+    if target_prefix is None or target_prefix.shape[1] == 0:
+        return log_probs
+    prefix = ops.take(target_prefix, row_sentences, axis=0)  # (R, P)
+    lengths = ops.sum(ops.cast(ops.not_equal(prefix, pad_id), "int32"), axis=1)  # (R,)
+    position = ops.minimum(index, ops.shape(prefix)[1] - 1)
+    token = ops.take(prefix, position, axis=1)  # (R,)
+    vocabulary = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # (V,)
+    forced = ops.expand_dims(index < lengths, 1)  # (R, 1)
+    allowed = ops.equal(vocabulary[None], ops.expand_dims(token, 1)) | ops.logical_not(forced)
+    return ops.where(allowed, log_probs, IMPOSSIBLE)
+
+
+def check_prefix(target_prefix):
+    """`target_prefix` as an int32 tensor `(B, P)`, or None; ValueError for another rank."""
+    if target_prefix is None:
+        return None
+    target_prefix = ops.convert_to_tensor(target_prefix, "int32")
+    if len(target_prefix.shape) != 2:
+        raise ValueError(
+            f"target_prefix must be (B, P) token ids. Received: shape={target_prefix.shape}"
+        )
+    return target_prefix
+
+
 def score_hypotheses(model, source_ids, target_ids, alpha=0.0):
     """Scores given translations under the model, as the decoders score them.
 

@@ -1,0 +1,134 @@
+"""Ancestral sampling with temperature, top-k and top-p (nucleus) filtering."""
+
+import keras
+from keras import ops
+
+from keras_transformer.decoding.greedy import search_rows
+from keras_transformer.decoding.steps import IMPOSSIBLE, check_prefix
+
+
+def _check(num_samples, temperature, top_k, top_p):
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be positive. Received: num_samples={num_samples}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive. Received: temperature={temperature}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be 0 (off) or positive. Received: top_k={top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1]. Received: top_p={top_p}")
+
+
+def filter_log_probs(log_probs, temperature=1.0, top_k=0, top_p=1.0):
+    """The sampling distribution's log-weights: tempered, then cut to the top k and the nucleus.
+
+    Args:
+        log_probs: float32 `(R, V)` log-probabilities.
+        temperature: float > 0; below 1 sharpens, above 1 flattens.
+        top_k: int, keep the k most probable tokens (0: all).
+        top_p: float in (0, 1], keep the smallest set of most probable tokens
+            whose probability reaches `top_p` (Holtzman et al., 2020).
+
+    Returns:
+        float32 `(R, V)` unnormalized log-weights; tokens filtered out are
+        `IMPOSSIBLE`.
+    """
+    logits = ops.convert_to_tensor(log_probs, "float32") / temperature
+    if top_k:
+        k = min(top_k, logits.shape[-1]) if isinstance(logits.shape[-1], int) else top_k
+        kth = ops.top_k(logits, k)[0][:, -1:]  # (R, 1)
+        logits = ops.where(logits >= kth, logits, IMPOSSIBLE)
+    if top_p < 1.0:
+        probs = ops.softmax(logits, axis=-1)
+        sorted_probs, order = ops.top_k(probs, ops.shape(probs)[-1])  # (R, V), descending
+        before = ops.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the better tokens
+        keep_sorted = before < top_p  # the first token is always kept
+        keep = ops.take_along_axis(keep_sorted, ops.argsort(order, axis=-1), axis=-1)
+        logits = ops.where(keep, logits, IMPOSSIBLE)
+    return logits
+
+
+def _inverse_cdf(logits, uniform):
+    """Token ids `(R,)` drawn from `softmax(logits)` `(R, V)` by uniforms `(R,)` in [0, 1)."""
+    probs = ops.softmax(logits, axis=-1)
+    cdf = ops.cumsum(probs, axis=-1)  # (R, V)
+    threshold = ops.expand_dims(uniform * cdf[:, -1], 1)  # rounding: scale to the last value
+    ids = ops.sum(ops.cast(cdf <= threshold, "int32"), axis=-1)
+    return ops.minimum(ids, ops.shape(logits)[-1] - 1)
+
+
+def sample(
+    model,
+    source_ids,
+    num_samples=1,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    seed=None,
+    max_output_length=None,
+    extra_length=50,
+    use_cache=True,
+    static_shapes=None,
+    target_prefix=None,
+):
+    """Draws translations token by token from the model's distribution.
+
+    Each step draws the next token from the model's next-token distribution,
+    tempered and filtered (`filter_log_probs`), with the cache and the
+    finished-row handling of `greedy_search`. The uniform numbers behind the
+    draws are generated before the loop from `seed`, one a row a step, so a
+    seed gives the same samples with or without the cache, and under static
+    or dynamic shapes. The common use is back-translation (Edunov et al.,
+    2018): samples of a target->source model make better synthetic sources
+    than beam search.
+
+    Args:
+        model: a built `Transformer` (or any object `greedy_search` takes).
+        source_ids: int `(B, S)` source ids, padded with `model.pad_id`.
+        num_samples: int `N`, samples drawn per sentence.
+        temperature: float > 0, divides the log-probabilities.
+        top_k: int, sample among the k most probable tokens (0: all); 1 is
+            greedy search.
+        top_p: float in (0, 1], sample within the nucleus of this mass.
+        seed: int or None; None draws from Keras's global generator.
+        max_output_length, extra_length, use_cache, static_shapes,
+            target_prefix: as in `greedy_search` (the prefix is `(B, P)`,
+            shared by a sentence's samples).
+
+    Returns:
+        `(tokens, log_probs)`: int32 `(B, N, T)` samples, each ending with
+        `model.eos_id` (when produced) then `model.pad_id`; float32 `(B, N)`
+        their log-probabilities under the model (untempered, unfiltered, no
+        length penalty).
+
+    Example:
+    >>> model = Transformer.from_preset("transformer_small", vocabulary_size=20)
+    >>> model.build(((None, None), (None, None)))
+    >>> tokens, log_probs = sample(
+    ...     model, keras.ops.array([[5, 6, 3]]), num_samples=2, top_k=5, seed=1)
+    >>> tuple(tokens.shape), tuple(log_probs.shape)
+    ((1, 2, 53), (1, 2))
+
+    References:
+        Edunov et al., 2018, "Understanding Back-Translation at Scale";
+        Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
+    """
+    _check(num_samples, temperature, top_k, top_p)
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    batch_size = ops.shape(source_ids)[0]
+    rows = ops.repeat(source_ids, num_samples, axis=0)  # (B * N, S), a sentence's samples adjacent
+    prefix = check_prefix(target_prefix)
+    if prefix is not None:
+        prefix = ops.repeat(prefix, num_samples, axis=0)
+    width = max_output_length or ops.shape(source_ids)[1] + extra_length
+    uniforms = keras.random.uniform((width, ops.shape(rows)[0]), seed=seed)  # (T, B * N)
+
+    def draw(log_probs, index, row_ids):
+        filtered = filter_log_probs(log_probs, temperature, top_k, top_p)
+        uniform = ops.take(ops.take(uniforms, index, axis=0), row_ids)  # (R,)
+        ids = _inverse_cdf(filtered, uniform)
+        return ids, ops.take_along_axis(log_probs, ids[:, None], axis=-1)[:, 0]
+
+    options = (max_output_length, extra_length, use_cache, static_shapes, prefix)
+    tokens, totals, _ = search_rows(model, rows, draw, *options)
+    tokens = ops.reshape(tokens, (batch_size, num_samples, -1))  # (B, N, T)
+    return tokens, ops.reshape(totals, (batch_size, num_samples))

@@ -21,6 +21,7 @@ COMMANDS = {
     "average": "pipelines.commands.average",
     "export": "pipelines.commands.export",
     "translate": "pipelines.commands.translate",
+    "score": "pipelines.commands.score",
     "evaluate": "pipelines.commands.evaluate",
     "attention": "pipelines.commands.attention",
     "ct2-export": "pipelines.commands.ctranslate2_export",

@@ -33,7 +33,7 @@ import tensorflow_text as tf_text
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.files import STAGING, make_shareable, remove_stale_staging, staging_owner
-from pipelines.serving.translation import CHUNK_SIZE, translate_strings
+from pipelines.serving.translation import CHUNK_SIZE, score_strings, translate_strings
 from pipelines.serving.versions import check_version, next_version
 
 SIGNATURE_INPUT = "inputs"
@@ -42,9 +42,12 @@ SIGNATURE_INPUT = "inputs"
 class Translator(tf.Module):
     """A Keras `Transformer` and its tokenizer, wrapped for `tf.saved_model.save`.
 
-    Every signature runs `pipelines.serving.translation.translate_strings`: a request
-    is sorted by length and translated `chunk_size` sentences at a time, so its
-    memory does not grow with its size.
+    The translation signatures run `pipelines.serving.translation.translate_strings`
+    and `score` runs `score_strings`: a request is sorted by length and handled
+    `chunk_size` sentences at a time, so its memory does not grow with its
+    size. Every input of every signature is batch-major except `translate`'s
+    scalar `beam_size` and `alpha`, so TF Serving's request batcher can merge
+    requests to `serving_default`, `nbest` and `score`.
 
     The module tracks the tf.Variables its traced signatures read, not the
     Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
@@ -117,16 +120,37 @@ class Translator(tf.Module):
             texts, scores = translate(inputs, beam_size, alpha, 1)
             return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.string, name="sources"),
+                tf.TensorSpec([None], tf.string, name="targets"),
+            ]
+        )
+        def score(sources, targets):
+            tf.debugging.assert_equal(
+                tf.size(sources), tf.size(targets), message="one target per source"
+            )
+            scores, lengths = score_strings(
+                model, self.tokenizer, sources, targets, max_source_length, chunk_size
+            )
+            return {"scores": scores, "lengths": lengths}
+
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
+        self.score = score
         # The tf.Variables the traced signatures read, deduplicated by handle.
         captured = {}
-        for function in (serve, nbest, translate_with):
+        for function in (serve, nbest, translate_with, score):
             for variable in function.get_concrete_function().variables:
                 captured.setdefault(id(variable), variable)
         self.model_variables = list(captured.values())
 
     def signatures(self):
-        return {"serving_default": self.serve, "nbest": self.nbest, "translate": self.translate}
+        return {
+            "serving_default": self.serve,
+            "nbest": self.nbest,
+            "translate": self.translate,
+            "score": self.score,
+        }
 
 
 def export(translator, base_dir, version=None):

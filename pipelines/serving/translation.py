@@ -11,7 +11,7 @@ holds, and sentences of similar length share a chunk.
 
 import tensorflow as tf
 
-from keras_transformer.decoding import beam_search, greedy_search
+from keras_transformer.decoding import beam_search, greedy_search, score_hypotheses
 
 # Sentences searched together: enough rows for each step's matrix products to
 # pay for its fixed costs, few enough that one chunk's caches stay small
@@ -160,3 +160,44 @@ def translate_strings(
     texts, scores = tf.gather(texts, inverse), tf.gather(scores, inverse)
     empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)[:, None]  # (B, 1)
     return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
+
+
+def score_strings(
+    model, tokenizer, sources, targets, max_source_length=None, chunk_size=CHUNK_SIZE
+):
+    """Scores given translations in the graph (forced decoding), chunk by chunk.
+
+    Each target is tokenized as training tokenizes it, EOS appended, and
+    scored by `score_hypotheses` with no length penalty: the sum of its
+    tokens' log-probabilities given the source. Beam search's own outputs
+    score as beam search scored them (with `alpha=0`).
+
+    Args:
+        model: a trained `Transformer`.
+        tokenizer: the tensorflow-text tokenizer it was trained with.
+        sources, targets: string `(B,)`, aligned.
+        max_source_length: int or None, source ids kept (EOS included).
+        chunk_size: int, the most pairs scored at once.
+
+    Returns:
+        `(scores, lengths)`: float32 `(B,)` log-probabilities and int32 `(B,)`
+        target tokens scored (EOS included), in input order.
+    """
+    sources = tf.convert_to_tensor(sources, tf.string)
+    source = encode(tokenizer, sources, model.eos_id, max_source_length)  # ragged (B, None)
+    target = encode(tokenizer, tf.convert_to_tensor(targets, tf.string), model.eos_id)
+    order = tf.argsort(source.row_lengths() + target.row_lengths(), stable=True)  # (B,)
+    chunks = (tf.size(order) + chunk_size - 1) // chunk_size
+
+    def body(chunk, scores):
+        rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
+        source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
+        target_ids = tf.gather(target, rows).to_tensor(model.pad_id)  # (C, T)
+        return chunk + 1, scores.write(chunk, score_hypotheses(model, source_ids, target_ids))
+
+    array = tf.TensorArray(tf.float32, size=chunks, infer_shape=False, element_shape=[None])
+    _, scores = tf.while_loop(
+        lambda chunk, *_: chunk < chunks, body, (tf.constant(0), array), parallel_iterations=1
+    )
+    scores = tf.gather(scores.concat(), tf.math.invert_permutation(order))
+    return scores, tf.cast(target.row_lengths(), tf.int32)

@@ -44,6 +44,13 @@ def main(export_dir, inputs_path):
     greedy = loaded.signatures["translate"](
         inputs=tf.constant(inputs, tf.string), beam_size=tf.constant(1), alpha=tf.constant(0.6)
     )
+    # Beam search's best translations (alpha 0) scored back, and reversed pairs.
+    beam = loaded.signatures["translate"](
+        inputs=tf.constant(inputs, tf.string), beam_size=tf.constant(4), alpha=tf.constant(0.0)
+    )
+    scored = loaded.signatures["score"](
+        sources=tf.constant(inputs, tf.string), targets=beam["translations"]
+    )
 
     # Eight threads call the signature at once, each on its own slice of inputs.
     batches = [inputs[i:] + inputs[:i] for i in range(8)]
@@ -71,6 +78,10 @@ def main(export_dir, inputs_path):
             "empty_batch_rows": empty,
             "greedy": [t.decode("utf-8") for t in greedy["translations"].numpy()],
             "greedy_scores": greedy["scores"].numpy().tolist(),
+            "beam_alpha0_translations": [t.decode("utf-8") for t in beam["translations"].numpy()],
+            "beam_alpha0_scores": beam["scores"].numpy().tolist(),
+            "scored": scored["scores"].numpy().tolist(),
+            "scored_lengths": scored["lengths"].numpy().tolist(),
             "threads_equal_sequential": threaded == sequential,
             "asset": loaded.sentencepiece_model.asset_path.numpy().decode(),
             "modules": sorted(

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from keras_transformer import beam_search, greedy_search
+from keras_transformer import beam_search, greedy_search, score_hypotheses
 from pipelines.commands import export as export_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
@@ -81,7 +81,7 @@ def test_layout_and_asset(exported):
 def test_fresh_process_serves_the_keras_beam_search(exported, served):
     translator, model, _, _ = exported
     assert served["modules"] == []
-    assert served["signatures"] == ["nbest", "serving_default", "translate"]
+    assert served["signatures"] == ["nbest", "score", "serving_default", "translate"]
     assert served["asset"].endswith(os.path.join("assets", "sentencepiece.model"))
     real = [0, 1, 4, 6]
     expected, expected_scores = keras_beam_search(translator, model, [INPUTS[i] for i in real])
@@ -121,6 +121,32 @@ def test_bad_input_gives_one_output_per_input_in_order(exported, served):
     expected, _ = keras_beam_search(translator, model, [replaced])
     assert served["translations"][5] == expected[0][0]
     assert served["empty_batch_rows"] == 0
+
+
+def test_the_score_signature_scores_as_beam_search_and_score_hypotheses_do(exported, served):
+    """Scores of text pairs equal `score_hypotheses` on their ids, in a fresh process.
+
+    `score_hypotheses` gives beam search's own scores for its outputs
+    (tests/test_decoding.py); through text that holds where an output's text
+    tokenizes back to the same ids, which this untrained model's are not.
+    """
+    translator, model, _, _ = exported
+    real = [0, 1, 4, 5, 6]  # every sentence with a source (empty ones translate to "")
+    sources = tf.constant([INPUTS[i] for i in real])
+    targets = tf.constant([served["beam_alpha0_translations"][i] for i in real])
+    source = encode(translator.tokenizer, sources, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
+    target = encode(translator.tokenizer, targets, EOS_ID).to_tensor()
+    scored = np.array([served["scored"][i] for i in real])
+    np.testing.assert_allclose(scored, score_hypotheses(model, source, target), rtol=1e-4)
+    assert [served["scored_lengths"][i] for i in real] == list(np.sum(target.numpy() != 0, 1))
+
+
+def test_score_signature_inputs_are_batch_major(exported):
+    """What TF Serving's batcher can merge: every input of these signatures has a batch axis."""
+    for name, signature in exported[0].signatures().items():
+        specs = signature.get_concrete_function().structured_input_signature[0]
+        ranks = [len(spec.shape) for spec in specs]
+        assert ranks == [1] * len(ranks) or name == "translate", name
 
 
 def test_eight_threads_get_the_sequential_results(served):
@@ -242,3 +268,30 @@ def test_a_large_request_returns_what_small_requests_return(exported):
         scores.numpy(), np.concatenate([p[1].numpy() for p in parts]), rtol=1e-5
     )
     assert len(set(texts.numpy()[:, 0])) > 100  # distinct translations, not one repeated
+
+
+def test_score_command_writes_the_signatures_scores_line_by_line(exported, tmp_path, capsys):
+    from pipelines import cli
+
+    path = exported[3]
+    sources = ["Monday, March 3, 2014", "4:08 PM", "12.5%"]
+    targets = ["Montag, 3. März 2014", "16:08", "12,5 %"]
+    (tmp_path / "src").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("\n".join(targets) + "\n", encoding="utf-8")
+    output = tmp_path / "scores.txt"
+    argv = ["score", "--model", os.path.dirname(path), "--source", str(tmp_path / "src"),
+            "--target", str(tmp_path / "tgt"), "--batch-size", "2", "--lengths"]  # fmt: skip
+    assert cli.main(argv + ["--output", str(output)]) == 0
+    expected = tf.saved_model.load(path).signatures["score"](
+        sources=tf.constant(sources), targets=tf.constant(targets)
+    )
+    rows = [line.split("\t") for line in output.read_text().splitlines()]
+    np.testing.assert_allclose([float(s) for s, _ in rows], expected["scores"].numpy(), atol=1e-5)
+    assert [int(n) for _, n in rows] == list(expected["lengths"].numpy())
+    (tmp_path / "short").write_text("one line\n")
+    argv[argv.index(str(tmp_path / "tgt"))] = str(tmp_path / "short")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: --source {tmp_path}/src has 3 lines but --target {tmp_path}/short has 1"
+    )

@@ -164,3 +164,65 @@ def test_greedy_with_a_prefix_continues_from_the_cache_the_prefix_filled(model):
             break
     np.testing.assert_array_equal(to_numpy(tokens)[0, : len(expected)], expected)
     np.testing.assert_allclose(to_numpy(score)[0], total, rtol=1e-4)
+
+
+def teacher_forced_attention(model, tokens):  # noqa: F811
+    """The last layer's encoder-decoder attention, averaged over heads, of a full pass."""
+    bos = np.full((tokens.shape[0], 1), model.bos_id, "int32")
+    inputs = np.concatenate([bos, tokens[:, :-1]], axis=1)  # (B, T)
+    encoder_outputs, padding_mask = model.encode(SOURCES)
+    _, scores = model.decode(inputs, encoder_outputs, padding_mask, return_attention_scores=True)
+    return to_numpy(scores)[:, -1].mean(axis=1)  # (B, T, S)
+
+
+def produced(tokens):
+    """Bool `(B, T)`: the positions a search produced (up to and with EOS)."""
+    ended = np.cumsum(tokens == 3, axis=1) - (tokens == 3)
+    return (ended == 0) & (tokens != 0)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_alignments_are_the_teacher_forced_attention(model, use_cache):  # noqa: F811
+    tokens, attention = greedy_search(
+        model, SOURCES, extra_length=EXTRA, use_cache=use_cache, return_attention=True
+    )
+    tokens, attention = to_numpy(tokens), to_numpy(attention)
+    assert attention.shape == tokens.shape + (SOURCES.shape[1],)
+    real = produced(tokens)
+    expected = teacher_forced_attention(model, tokens)
+    np.testing.assert_allclose(attention[real], expected[real], atol=1e-5)
+    # Each produced token's row sums to 1 over the real source positions.
+    source_real = (SOURCES != 0)[:, None, :]
+    np.testing.assert_allclose(attention.sum(-1)[real], 1.0, rtol=1e-5)
+    assert np.all(np.where(source_real, 0.0, attention) == 0.0)
+    assert np.all(attention[~real] == 0.0)
+
+
+def test_sample_alignments_are_the_teacher_forced_attention(model):  # noqa: F811
+    tokens, _, attention = sample(
+        model, SOURCES, num_samples=2, seed=3, extra_length=EXTRA, return_attention=True
+    )
+    tokens, attention = to_numpy(tokens), to_numpy(attention)
+    assert attention.shape == tokens.shape + (SOURCES.shape[1],)
+    for draw in range(2):
+        real = produced(tokens[:, draw])
+        expected = teacher_forced_attention(model, tokens[:, draw])
+        np.testing.assert_allclose(attention[:, draw][real], expected[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_alignments_are_each_hypothesis_rescored(model, use_cache):  # noqa: F811
+    tokens, _, attention = beam_search(
+        model, SOURCES, num_hypotheses=3, extra_length=EXTRA, use_cache=use_cache,
+        return_attention=True,
+    )  # fmt: skip
+    tokens, attention = to_numpy(tokens), to_numpy(attention)
+    assert attention.shape == tokens.shape + (SOURCES.shape[1],)
+    for rank in range(3):
+        real = produced(tokens[:, rank])
+        expected = teacher_forced_attention(model, tokens[:, rank])
+        np.testing.assert_allclose(attention[:, rank][real], expected[real], atol=1e-5)
+        np.testing.assert_allclose(attention[:, rank].sum(-1)[real], 1.0, rtol=1e-5)
+    # Asking for alignments changes no hypothesis.
+    plain, _ = beam_search(model, SOURCES, num_hypotheses=3, extra_length=EXTRA)
+    np.testing.assert_array_equal(tokens, to_numpy(plain))

@@ -97,8 +97,8 @@ def _finish(finished, index, candidates, open_, alpha, beam_size):
     Returns:
         The updated `(tokens, scores)`.
     """
-    finished_tokens, finished_scores = finished
-    tokens, log_probs, ending = candidates
+    finished_tokens, finished_scores, *finished_extra = finished
+    tokens, log_probs, ending, *extra = candidates
     in_beam = (ops.arange(2 * beam_size) < beam_size)[None]  # (1, 2K)
     finishing = in_beam & ending & open_ & (log_probs > IMPOSSIBLE / 2)
     new_scores = log_probs / length_penalty(index + 1, alpha)  # (n, 2K)
@@ -107,7 +107,31 @@ def _finish(finished, index, candidates, open_, alpha, beam_size):
     )  # (n, 3K)
     finished_scores, keep = ops.top_k(pooled, beam_size)  # (n, K)
     finished_tokens = _take_rows(ops.concatenate([finished_tokens, tokens], axis=1), keep)
-    return finished_tokens, finished_scores
+    # Per-hypothesis histories beside the tokens (alignments) follow the same picks.
+    extra = [
+        _take_rows(ops.concatenate([old, new], axis=1), keep)
+        for old, new in zip(finished_extra, extra, strict=True)
+    ]
+    return (finished_tokens, finished_scores, *extra)
+
+
+def _candidates_alignments(step_attention, alignments, origins, index):
+    """Each candidate's alignments: its parent's, with this step's written at `index`.
+
+    Args:
+        step_attention: float32 `(n * K, S)`, each live hypothesis's attention at
+            this step.
+        alignments: float32 `(n, K, T, S)`, the live hypotheses' alignments.
+        origins: int `(n, 2K)`, the hypothesis each candidate extends.
+        index: int scalar, the position just decoded.
+
+    Returns:
+        float32 `(n, 2K, T, S)`.
+    """
+    _, beam_size, width, sources = ops.shape(alignments)
+    step = ops.reshape(step_attention, (-1, beam_size, 1, sources))  # (n, K, 1, S)
+    column = (ops.arange(width) == index)[None, None, :, None]  # (1, 1, T, 1)
+    return _take_rows(ops.where(column, step, alignments), origins)
 
 
 def _keep_alive(candidates, beam_size):
@@ -122,9 +146,10 @@ def _keep_alive(candidates, beam_size):
     Returns:
         `((tokens (n, K, T), log_probs (n, K), ids (n, K)), parents (n, K))`.
     """
-    tokens, log_probs, ids, origins, ends = candidates
+    tokens, log_probs, ids, origins, ends, *extra = candidates
     log_probs, keep = ops.top_k(ops.where(ends, IMPOSSIBLE, log_probs), beam_size)
     alive = (_take_rows(tokens, keep), log_probs, ops.take_along_axis(ids, keep, axis=1))
+    alive += tuple(_take_rows(history, keep) for history in extra)
     return alive, ops.take_along_axis(origins, keep, axis=1)
 
 
@@ -156,12 +181,14 @@ def _check_sizes(beam_size, num_hypotheses):
         )
 
 
-def _initial_beams(model, sentences, batch_size, width, beam_size, num_hypotheses):
+def _initial_beams(model, sentences, batch_size, width, beam_size, num_hypotheses, sources):
     """The search's first values: `(alive, finished, outputs)`.
 
     `alive` is `(tokens (n, K, W), log-probs (n, K), last ids (n, K))` with one
     live hypothesis per sentence; `finished` `(tokens, scores)` holds none yet;
-    `outputs` `(tokens (B, N, W), scores (B, N))` collects the results.
+    `outputs` `(tokens (B, N, W), scores (B, N))` collects the results. With
+    `sources` (the source width S, to collect alignments) each also holds
+    float32 `(., ., W, S)` alignments last.
     """
     rows = ops.shape(sentences)[0]
 
@@ -179,6 +206,10 @@ def _initial_beams(model, sentences, batch_size, width, beam_size, num_hypothese
         ops.full((batch_size, num_hypotheses, width), model.pad_id, dtype="int32"),
         ops.full((batch_size, num_hypotheses), IMPOSSIBLE),
     )
+    if sources is not None:
+        alive += (ops.zeros((rows, beam_size, width, sources)),)
+        finished += (ops.zeros((rows, beam_size, width, sources)),)
+        outputs += (ops.zeros((batch_size, num_hypotheses, width, sources)),)
     return alive, finished, outputs
 
 
@@ -194,6 +225,7 @@ def beam_search(
     static_shapes=None,
     early_stop=False,
     target_prefix=None,
+    return_attention=False,
 ):
     """Beam search with the GNMT length penalty, returning the N best.
 
@@ -228,12 +260,15 @@ def beam_search(
         target_prefix: int `(B, P)` or None: every hypothesis starts with its
             sentence's tokens (padded with `model.pad_id`), scored as forced
             tokens, and the search continues from the cache they filled.
+        return_attention: bool, also return each hypothesis's alignments (as
+            `greedy_search` returns them).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
         `greedy_search`), best first, each ending with `model.eos_id` (when
         produced) then `model.pad_id`; and
-        float32 `(B, N)` log-probabilities divided by `length_penalty`.
+        float32 `(B, N)` log-probabilities divided by `length_penalty`; with
+        `return_attention`, float32 `(B, N, T, S)` alignments third.
 
     Example:
     >>> model = Transformer.from_preset(
@@ -252,8 +287,9 @@ def beam_search(
     prefix = check_prefix(target_prefix)
     batch_size = ops.shape(source_ids)[0]
     limits, width, steps, state, sentences, static = prepare_search(
-        model, source_ids, max_output_length, extra_length, use_cache, static_shapes
-    )
+        model, source_ids, max_output_length, extra_length, use_cache, static_shapes,
+        return_attention,
+    )  # fmt: skip
     beams = ops.arange(beam_size)
 
     def rows_of(sentence_indices, hypotheses=beams[None]):
@@ -266,7 +302,7 @@ def beam_search(
     def body(index, sentences, alive, state, finished, done, outputs):
         # `sentences` (n,) are those still searched, `K` rows each; under static
         # shapes they are all sentences and `done` marks the finished ones.
-        alive_tokens, alive_log_probs, alive_ids = alive
+        alive_tokens, alive_log_probs, alive_ids, *alive_alignments = alive
         log_probs, state = steps.step(
             ops.reshape(alive_ids, (-1,)), state, index if static else None
         )  # (n * K, V)
@@ -275,13 +311,20 @@ def beam_search(
         log_probs = force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
         top_log_probs, origins, new_ids = _expand(alive_log_probs, log_probs, beam_size)
         extended = write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
+        histories = ()
+        if return_attention:
+            step_attention = state["target"]["attention"]  # (n * K, S)
+            histories = (
+                _candidates_alignments(step_attention, alive_alignments[0], origins, index),
+            )
         ends = ops.equal(new_ids, model.eos_id)  # (n, 2K)
         at_limit = (index + 1 >= ops.take(limits, sentences))[:, None]  # (n, 1)
         open_ = ops.logical_not(done)[:, None]
-        finished = _finish(
-            finished, index, (extended, top_log_probs, ends | at_limit), open_, alpha, beam_size
+        candidates = (extended, top_log_probs, ends | at_limit, *histories)
+        finished = _finish(finished, index, candidates, open_, alpha, beam_size)
+        alive, parents = _keep_alive(
+            (extended, top_log_probs, new_ids, origins, ends, *histories), beam_size
         )
-        alive, parents = _keep_alive((extended, top_log_probs, new_ids, origins, ends), beam_size)
         settled = _settled(finished[1], alive[1], ends, index, alpha, num_hypotheses, early_stop)
         done = done | settled | at_limit[:, 0]
         outputs = tuple(
@@ -297,8 +340,9 @@ def beam_search(
             )
         return index + 1, sentences, alive, state, finished, done, outputs
 
+    sources = ops.shape(source_ids)[1] if return_attention else None
     alive, finished, outputs = _initial_beams(
-        model, sentences, batch_size, width, beam_size, num_hypotheses
+        model, sentences, batch_size, width, beam_size, num_hypotheses, sources
     )
     state = gather_rows(state, ops.repeat(sentences, beam_size))  # (n * K) rows
     done = ops.zeros_like(sentences, dtype="bool")

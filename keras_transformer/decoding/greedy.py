@@ -22,6 +22,7 @@ def greedy_search(
     return_scores=False,
     static_shapes=None,
     target_prefix=None,
+    return_attention=False,
 ):
     """Decodes by taking the most probable token at every step.
 
@@ -43,12 +44,17 @@ def greedy_search(
         target_prefix: int `(B, P)` or None: each output starts with its row's
             tokens (padded with `model.pad_id`), scored as forced tokens, and
             the search continues from the cache they filled.
+        return_attention: bool, also return alignments: for each output
+            token, the last decoder layer's attention over the source,
+            averaged over heads (CTranslate2's `return_attention`).
 
     Returns:
         int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
         each row ends with `model.eos_id` (when produced) followed by
         `model.pad_id`. With `return_scores`, also
-        float32 `(B,)` log-probabilities divided by `length_penalty`.
+        float32 `(B,)` log-probabilities divided by `length_penalty`; with
+        `return_attention`, last, float32 `(B, T, S)` alignments (rows of
+        padding positions are 0; each other row sums to 1 over the source).
 
     Example:
     >>> model = Transformer.from_preset(
@@ -66,14 +72,27 @@ def greedy_search(
         return ops.cast(ops.argmax(log_probs, axis=-1), "int32"), ops.max(log_probs, axis=-1)
 
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
-    tokens, totals, lengths = search_rows(model, source_ids, most_probable, *options)
-    if not return_scores:
-        return tokens
-    return tokens, totals / length_penalty(lengths, alpha)
+    tokens, totals, lengths, attention = search_rows(
+        model, source_ids, most_probable, *options, return_attention
+    )
+    results = (tokens,)
+    if return_scores:
+        results += (totals / length_penalty(lengths, alpha),)
+    if return_attention:
+        results += (attention,)
+    return results[0] if len(results) == 1 else results
 
 
 def search_rows(
-    model, source_ids, choose, max_output_length, extra_length, use_cache, static_shapes, prefix
+    model,
+    source_ids,
+    choose,
+    max_output_length,
+    extra_length,
+    use_cache,
+    static_shapes,
+    prefix,
+    return_attention=False,
 ):
     """One token a row a step, as `choose` picks it: the loop greedy search and sampling share.
 
@@ -84,22 +103,28 @@ def search_rows(
             log_probs of those ids (R,))`.
         prefix: int `(B, P)` target prefix or None (`greedy_search`'s
             `target_prefix`).
+        return_attention: bool, collect each token's alignment.
 
     Returns:
-        `(tokens, totals, lengths)`: int32 `(B, T)`, float32 `(B,)` summed
-        log-probabilities, int32 `(B,)` tokens produced.
+        `(tokens, totals, lengths, attention)`: int32 `(B, T)`, float32 `(B,)`
+        summed log-probabilities, int32 `(B,)` tokens produced, and float32
+        `(B, T, S)` alignments (None without `return_attention`).
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     prefix = check_prefix(prefix)
     batch_size = ops.shape(source_ids)[0]
     limits, width, steps, state, rows, static = prepare_search(
-        model, source_ids, max_output_length, extra_length, use_cache, static_shapes
-    )
+        model, source_ids, max_output_length, extra_length, use_cache, static_shapes,
+        return_attention,
+    )  # fmt: skip
     if not static:
         state = gather_rows(state, rows)  # rows of a traced size, so they may leave
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
     lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
+    # (B, T, S) alignments; a dummy (B, 1, 1) carried when none are asked for.
+    attention_shape = (width, ops.shape(source_ids)[1]) if return_attention else (1, 1)
+    attention = ops.zeros((batch_size, *attention_shape), dtype="float32")
 
     def write(buffer, rows, values):
         return ops.scatter_update(buffer, rows[:, None], values)
@@ -107,7 +132,7 @@ def search_rows(
     def condition(index, rows, ids, live, *_):
         return ops.logical_and(index < width, ops.any(live))
 
-    def body(index, rows, ids, live, state, tokens, totals, lengths):
+    def body(index, rows, ids, live, state, tokens, totals, lengths, attention):
         # `rows` (R,) are the sentences of the rows still decoding; under
         # static shapes they are all sentences and `live` marks the unfinished.
         log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
@@ -118,19 +143,24 @@ def search_rows(
         row_totals = ops.take(totals, rows) + ops.where(live, chosen_log_probs, 0.0)
         row_lengths = ops.take(lengths, rows) + ops.cast(live, "int32")
         position = ops.full_like(rows, index)
-        tokens = ops.scatter_update(tokens, ops.stack([rows, position], axis=1), next_ids)
+        cells = ops.stack([rows, position], axis=1)  # (R, 2)
+        tokens = ops.scatter_update(tokens, cells, next_ids)
+        if return_attention:
+            alignment = ops.where(live[:, None], state["target"]["attention"], 0.0)  # (R, S)
+            attention = ops.scatter_update(attention, cells, alignment)
         totals, lengths = write(totals, rows, row_totals), write(lengths, rows, row_lengths)
         ended = ops.equal(next_ids, model.eos_id) | (index + 1 >= ops.take(limits, rows))
         live = live & ops.logical_not(ended)
         if not static:
             rows, next_ids, live, state = _drop_finished(live, (rows, next_ids, live, state))
-        return index + 1, rows, next_ids, live, state, tokens, totals, lengths
+        return index + 1, rows, next_ids, live, state, tokens, totals, lengths, attention
 
     ids = ops.full_like(rows, model.bos_id)
     live = ops.ones_like(rows, dtype="bool")
     loop_vars = (ops.convert_to_tensor(0, "int32"), rows, ids, live, state)
-    outputs = ops.while_loop(condition, body, loop_vars + (tokens, totals, lengths))
-    return outputs[-3:]
+    outputs = ops.while_loop(condition, body, loop_vars + (tokens, totals, lengths, attention))
+    tokens, totals, lengths, attention = outputs[-4:]
+    return tokens, totals, lengths, attention if return_attention else None
 
 
 def _drop_finished(live, tree):

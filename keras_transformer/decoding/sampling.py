@@ -69,6 +69,7 @@ def sample(
     use_cache=True,
     static_shapes=None,
     target_prefix=None,
+    return_attention=False,
 ):
     """Draws translations token by token from the model's distribution.
 
@@ -91,14 +92,15 @@ def sample(
         top_p: float in (0, 1], sample within the nucleus of this mass.
         seed: int or None; None draws from Keras's global generator.
         max_output_length, extra_length, use_cache, static_shapes,
-            target_prefix: as in `greedy_search` (the prefix is `(B, P)`,
-            shared by a sentence's samples).
+            target_prefix, return_attention: as in `greedy_search` (the
+            prefix is `(B, P)`, shared by a sentence's samples).
 
     Returns:
         `(tokens, log_probs)`: int32 `(B, N, T)` samples, each ending with
         `model.eos_id` (when produced) then `model.pad_id`; float32 `(B, N)`
         their log-probabilities under the model (untempered, unfiltered, no
-        length penalty).
+        length penalty); with `return_attention`, float32 `(B, N, T, S)`
+        alignments third.
 
     Example:
     >>> model = Transformer.from_preset("transformer_small", vocabulary_size=20)
@@ -129,6 +131,10 @@ def sample(
         return ids, ops.take_along_axis(log_probs, ids[:, None], axis=-1)[:, 0]
 
     options = (max_output_length, extra_length, use_cache, static_shapes, prefix)
-    tokens, totals, _ = search_rows(model, rows, draw, *options)
+    tokens, totals, _, attention = search_rows(model, rows, draw, *options, return_attention)
     tokens = ops.reshape(tokens, (batch_size, num_samples, -1))  # (B, N, T)
-    return tokens, ops.reshape(totals, (batch_size, num_samples))
+    totals = ops.reshape(totals, (batch_size, num_samples))
+    if not return_attention:
+        return tokens, totals
+    shape = (batch_size, num_samples, ops.shape(tokens)[-1], ops.shape(source_ids)[1])
+    return tokens, totals, ops.reshape(attention, shape)  # (B, N, T, S)

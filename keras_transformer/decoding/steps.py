@@ -38,8 +38,10 @@ class CachedSteps:
     def __init__(self, model):
         self.model = model
 
-    def start(self, source_ids, cache_length):
-        return self.model.start_decoding(source_ids, cache_length)
+    def start(self, source_ids, cache_length, return_attention=False):
+        if not return_attention:  # the interface of models without alignments
+            return self.model.start_decoding(source_ids, cache_length)
+        return self.model.start_decoding(source_ids, cache_length, return_attention=True)
 
     def step(self, token_ids, state, index):
         return self.model.decoding_step(token_ids, state, index)
@@ -56,13 +58,16 @@ class RecomputedSteps:
     def __init__(self, model):
         self.model = model
 
-    def start(self, source_ids, cache_length):
+    def start(self, source_ids, cache_length, return_attention=False):
         encoder_outputs, padding_mask = self.model.encode(source_ids)
         rows = ops.shape(source_ids)[0]
         prefix = ops.full((rows, cache_length), self.model.pad_id, dtype="int32")
+        target = {"prefix": prefix}
+        if return_attention:
+            target["attention"] = ops.zeros(ops.shape(source_ids), dtype="float32")
         return {
             "source": {"encoder_outputs": encoder_outputs, "padding_mask": padding_mask},
-            "target": {"prefix": prefix},
+            "target": target,
         }
 
     def step(self, token_ids, state, index):
@@ -73,10 +78,19 @@ class RecomputedSteps:
         else:
             prefix = write_column(prefix, index, token_ids)  # (R, cache_length)
             position = index
-        logits = self.model.decode(prefix, source["encoder_outputs"], source["padding_mask"])
-        logits = ops.take(logits, position, axis=1)  # (R, V)
-        log_probs = ops.log_softmax(logits, axis=-1)
-        return log_probs, {"source": source, "target": {"prefix": prefix}}
+        alignment = "attention" in state["target"]
+        outputs = self.model.decode(
+            prefix,
+            source["encoder_outputs"],
+            source["padding_mask"],
+            return_attention_scores=alignment,
+        )  # (R, T, V)[, (R, L, H, T, S)]
+        logits = ops.take(outputs[0] if alignment else outputs, position, axis=1)  # (R, V)
+        target = {"prefix": prefix}
+        if alignment:  # the last layer's at this position, averaged over heads
+            scores = ops.take(outputs[1][:, -1], position, axis=2)  # (R, H, S)
+            target["attention"] = ops.mean(ops.cast(scores, "float32"), axis=1)
+        return ops.log_softmax(logits, axis=-1), {"source": source, "target": target}
 
 
 def gather_rows(tree, rows):
@@ -139,7 +153,13 @@ Fields:
 
 
 def prepare_search(
-    model, source_ids, max_output_length=None, extra_length=50, use_cache=True, static_shapes=None
+    model,
+    source_ids,
+    max_output_length=None,
+    extra_length=50,
+    use_cache=True,
+    static_shapes=None,
+    return_attention=False,
 ):
     """Sets a search up: output limits, stepper, initial state and rows.
 
@@ -151,6 +171,8 @@ def prepare_search(
         extra_length: int, see `max_output_length`.
         use_cache: bool, `CachedSteps` (True) or `RecomputedSteps`.
         static_shapes: bool or None; None chooses static shapes on JAX only.
+        return_attention: bool, each step's state keeps its alignment
+            (`state["target"]["attention"]`, float32 `(R, S)`).
 
     Returns:
         a `SearchSetup`.
@@ -171,11 +193,11 @@ def prepare_search(
         limits, width = lengths + extra_length, ops.shape(source_ids)[1] + extra_length
     steps = CachedSteps(model) if use_cache else RecomputedSteps(model)
     if static:
-        state = steps.start(source_ids, width)
+        state = steps.start(source_ids, width, return_attention)
         rows = ops.arange(batch_size, dtype="int32")
     else:  # caches that grow, batches that shrink
         zero = _traced_zero(source_ids)
-        state = steps.start(source_ids, zero)
+        state = steps.start(source_ids, zero, return_attention)
         rows = ops.arange(batch_size + zero, dtype="int32")
     return SearchSetup(limits, width, steps, state, rows, static)
 

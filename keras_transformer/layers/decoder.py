@@ -135,6 +135,7 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
         cross_attention_cache,
         encoder_padding_mask=None,
         cache_update_index=None,
+        return_attention_scores=False,
     ):
         """Decodes the positions after those `self_attention_cache` holds (no dropout).
 
@@ -146,9 +147,12 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
             encoder_padding_mask: bool `(B, S)`, True for real source tokens.
             cache_update_index: int scalar, position of `inputs[:, 0]` in a
                 fixed-size cache; None (the default) appends to a growing one.
+            return_attention_scores: bool, also return the `(B, H, T, S)`
+                encoder-decoder attention probabilities.
 
         Returns:
-            `(outputs, self_attention_cache)`: `(B, T, D)` and the updated pair.
+            `(outputs, self_attention_cache)`: `(B, T, D)` and the updated pair;
+            with `return_attention_scores`, the probabilities third.
         """
         caches = []
 
@@ -160,15 +164,15 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
             return x
 
         def cross_attend(x):
-            outputs = self._cross_attention.attend_cached(
+            return self._cross_attention.attend_cached(
                 x,
                 cross_attention_cache,
                 attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
+                return_attention_scores=True,
             )
-            return outputs, None
 
-        x, _ = self._sublayers(inputs, self_attend, cross_attend, training=False)
-        return x, caches[0]
+        x, scores = self._sublayers(inputs, self_attend, cross_attend, training=False)
+        return (x, caches[0], scores) if return_attention_scores else (x, caches[0])
 
     def _sublayers(self, inputs, self_attend, cross_attend, training):
         """The three residual sublayers around the two attention functions.
@@ -297,6 +301,7 @@ class Decoder(_DecoderCall, TransformerStack):
         cross_attention_cache,
         encoder_padding_mask=None,
         cache_update_index=None,
+        return_attention_scores=False,
     ):
         """Decodes the positions after those the caches hold (no dropout).
 
@@ -314,10 +319,13 @@ class Decoder(_DecoderCall, TransformerStack):
             encoder_padding_mask: bool `(B, S)`, True for real source tokens.
             cache_update_index: int scalar, position of `inputs[:, 0]` in
                 fixed-size caches; None (the default) appends to growing caches.
+            return_attention_scores: bool, also return every layer's
+                `(B, L, H, T, S)` encoder-decoder attention probabilities.
 
         Returns:
             `(outputs, self_attention_cache)`: `(B, T, D)` and the updated L
-            pairs.
+            pairs; with `return_attention_scores`, the probabilities third
+            (as `call` appends them).
         """
         if not self.built:
             raise ValueError("call_with_cache needs a built Decoder: call it or build() first.")
@@ -327,12 +335,15 @@ class Decoder(_DecoderCall, TransformerStack):
                 f"Received: {len(self_attention_cache)} self-attention and "
                 f"{len(cross_attention_cache)} cross-attention pairs"
             )
-        outputs, caches = inputs, []
+        outputs, caches, scores = inputs, [], []
         for layer, self_cache, cross_cache in zip(
             self.stack_layers, self_attention_cache, cross_attention_cache, strict=True
         ):
-            outputs, self_cache = layer.call_with_cache(
-                outputs, self_cache, cross_cache, encoder_padding_mask, cache_update_index
+            outputs, self_cache, layer_scores = layer.call_with_cache(
+                outputs, self_cache, cross_cache, encoder_padding_mask, cache_update_index, True
             )
             caches.append(self_cache)
+            scores.append(layer_scores)
+        if return_attention_scores:
+            return self._finish(outputs), caches, ops.stack(scores, axis=1)  # (B, L, H, T, S)
         return self._finish(outputs), caches

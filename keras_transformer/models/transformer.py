@@ -283,7 +283,7 @@ class Transformer(keras.Model):
             return self._logits(results[0]), results[1]
         return self._logits(results)
 
-    def start_decoding(self, source_ids, cache_length=0):
+    def start_decoding(self, source_ids, cache_length=0, return_attention=False):
         """Encodes sources once and returns the state that `decoding_step` reads.
 
         The state is a dict of two dicts of tensors, so that a search can carry
@@ -297,6 +297,9 @@ class Transformer(keras.Model):
             cache_length: int, 0 (the default) for self-attention caches that
                 grow by one position a step; the longest output for fixed-size
                 caches (static shapes, as `jax.jit` needs).
+            return_attention: bool, keep each step's alignment in the state:
+                `state["target"]["attention"]`, float32 `(B, S)`, the last
+                layer's encoder-decoder attention averaged over heads.
 
         Returns:
             dict: `state["source"]["cross_attention_cache"]`, L pairs
@@ -306,7 +309,7 @@ class Transformer(keras.Model):
         """
         encoder_outputs, source_padding_mask = self.encode(source_ids)  # (B, S, D), (B, S)
         batch_size = ops.shape(source_ids)[0]
-        return {
+        state = {
             "source": {
                 "cross_attention_cache": self.decoder.compute_cross_attention_cache(
                     encoder_outputs
@@ -317,6 +320,9 @@ class Transformer(keras.Model):
                 "self_attention_cache": self.decoder.initial_cache(batch_size, cache_length),
             },
         }
+        if return_attention:
+            state["target"]["attention"] = ops.zeros(ops.shape(source_ids), dtype="float32")
+        return state
 
     def decoding_step(self, token_ids, state, index=None):
         """Log-probabilities of the next token after `token_ids`.
@@ -334,15 +340,20 @@ class Transformer(keras.Model):
         source, cache = state["source"], state["target"]["self_attention_cache"]
         # A growing cache's length is the current position.
         position = ops.shape(cache[0][0])[2] if index is None else index
-        states, cache = self.decoder.call_with_cache(
+        alignment = "attention" in state["target"]
+        outputs = self.decoder.call_with_cache(
             self._embed_target(token_ids[:, None], start_index=position),
             cache,
             source["cross_attention_cache"],
             encoder_padding_mask=source["padding_mask"],
             cache_update_index=index,
-        )  # (R, 1, D)
-        log_probs = ops.log_softmax(self._logits(states)[:, 0], axis=-1)  # (R, V)
-        return log_probs, {"source": source, "target": {"self_attention_cache": cache}}
+            return_attention_scores=alignment,
+        )  # (R, 1, D), caches[, (R, L, H, 1, S)]
+        log_probs = ops.log_softmax(self._logits(outputs[0])[:, 0], axis=-1)  # (R, V)
+        target = {"self_attention_cache": outputs[1]}
+        if alignment:  # the last layer's, averaged over heads
+            target["attention"] = ops.mean(ops.cast(outputs[2][:, -1, :, 0], "float32"), axis=1)
+        return log_probs, {"source": source, "target": target}
 
     def call(self, inputs, training=None):
         source_ids, target_ids = _split_inputs(inputs)

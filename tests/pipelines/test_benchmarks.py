@@ -17,6 +17,7 @@ from benchmarks import (
     multi30k_recipe,
     pipeline_efficiency,
     request_size,
+    scoring,
     training_throughput,
 )
 from tests.pipelines.conftest import tiny_translation_model
@@ -236,3 +237,16 @@ def test_the_keras_attention_variant_reaches_every_attention_layer():
     assert len(layers) == 2 + 2 * 2
     assert all(layer.fused_attention and layer.uses_fused_attention() for layer in layers)
     assert isinstance(layers[0], kt.MultiHeadAttention)
+
+
+def test_scoring_smoke(tiny_run, tmp_path):
+    output = tmp_path / "scoring.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "2",
+            "--batch-size", "8", "--output", str(output)]  # fmt: skip
+    assert scoring.main(argv) == 0
+    result = read(output)
+    assert result["pairs"] == 16 and sorted(result["seconds"]) == ["beam4", "greedy", "score"]
+    assert all(len(values) == 2 for values in result["seconds"].values())
+    rates = result["pairs_per_second"]
+    assert result["score_over_beam4"] == pytest.approx(rates["score"] / rates["beam4"], rel=0.01)

@@ -12,6 +12,8 @@ TENSORFLOW = [
     "babel>=2.14,<3",
     "tensorboard>=2.20",
     "matplotlib>=3.8",
+    # PredictionLog protos for the export's TF Serving warm-up file; the gRPC client.
+    "tensorflow-serving-api>=2.21,<2.22",
 ]
 
 setup(

@@ -153,6 +153,65 @@ class Translator(tf.Module):
         }
 
 
+# Sentences TF Serving replays at load (assets.extra/tf_serving_warmup_requests),
+# of short and longer lengths, so that the first real requests find every
+# signature's graph initialized.
+WARMUP_SENTENCES = ["Hello.", "A short sentence for the warm-up request.", ""]
+
+
+def warmup_requests(name="model"):
+    """TF Serving warm-up requests: one `PredictionLog` for each signature.
+
+    Args:
+        name: str, the model name the requests carry (TF Serving ignores it
+            while warming up and uses the model being loaded).
+
+    Returns:
+        list of `tensorflow_serving.apis.prediction_log_pb2.PredictionLog`.
+    """
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    sentences = tf.make_tensor_proto(WARMUP_SENTENCES, tf.string)
+    inputs = {
+        "serving_default": {SIGNATURE_INPUT: sentences},
+        "nbest": {SIGNATURE_INPUT: sentences},
+        "score": {"sources": sentences, "targets": sentences},
+    }
+    for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
+        inputs[f"translate:{beam_size}"] = {
+            SIGNATURE_INPUT: sentences,
+            "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
+            "alpha": tf.make_tensor_proto(0.6, tf.float32),
+        }
+    logs = []
+    for signature, tensors in inputs.items():
+        request = predict_pb2.PredictRequest(
+            model_spec=model_pb2.ModelSpec(name=name, signature_name=signature.split(":")[0])
+        )
+        for key, proto in tensors.items():
+            request.inputs[key].CopyFrom(proto)
+        logs.append(prediction_log_pb2.PredictionLog(predict_log={"request": request}))
+    return logs
+
+
+def write_warmup_requests(saved_model_dir):
+    """Writes `assets.extra/tf_serving_warmup_requests` into a SavedModel folder.
+
+    TF Serving replays these requests when it loads the version, before it
+    serves it, so no client pays for initializing a signature's graph.
+
+    Returns:
+        str, the file written.
+    """
+    folder = os.path.join(saved_model_dir, "assets.extra")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "tf_serving_warmup_requests")
+    with tf.io.TFRecordWriter(path) as writer:
+        for log in warmup_requests():
+            writer.write(log.SerializeToString())
+    return path
+
+
 def export(translator, base_dir, version=None):
     """Writes `translator` to `base_dir/VERSION/`, atomically.
 
@@ -181,6 +240,7 @@ def export(translator, base_dir, version=None):
     make_shareable(staging)
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
+        write_warmup_requests(staging)
         while True:
             number = next_version(base_dir) if version is None else version
             target = os.path.join(base_dir, str(number))

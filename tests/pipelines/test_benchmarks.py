@@ -19,6 +19,7 @@ from benchmarks import (
     request_size,
     scoring,
     training_throughput,
+    warmup,
 )
 from tests.pipelines.conftest import tiny_translation_model
 
@@ -250,3 +251,15 @@ def test_scoring_smoke(tiny_run, tmp_path):
     assert all(len(values) == 2 for values in result["seconds"].values())
     rates = result["pairs_per_second"]
     assert result["score_over_beam4"] == pytest.approx(rates["score"] / rates["beam4"], rel=0.01)
+
+
+def test_warmup_smoke(tiny_run, tmp_path):
+    output = tmp_path / "warmup.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1",
+            "--request", "4", "--output", str(output)]  # fmt: skip
+    assert warmup.main(argv) == 0
+    result = read(output)
+    assert sorted(result["results"]) == ["cold", "replayed"]
+    for runs in result["seconds"].values():
+        assert len(runs) == 1 and len(runs[0]) == 10 and min(runs[0]) > 0

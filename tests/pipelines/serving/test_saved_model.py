@@ -295,3 +295,24 @@ def test_score_command_writes_the_signatures_scores_line_by_line(exported, tmp_p
     assert err == (
         f"error: --source {tmp_path}/src has 3 lines but --target {tmp_path}/short has 1"
     )
+
+
+def test_the_export_carries_warm_up_requests_for_every_signature(exported):
+    """TF Serving replays assets.extra/tf_serving_warmup_requests; each must run."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = exported[3]
+    records = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
+    logs = [
+        prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        for record in tf.data.TFRecordDataset(records)
+    ]
+    signatures = tf.saved_model.load(path).signatures
+    names = [log.predict_log.request.model_spec.signature_name for log in logs]
+    assert sorted(set(names)) == sorted(signatures) and names.count("translate") == 2
+    for log in logs:
+        request = log.predict_log.request
+        signature = signatures[request.model_spec.signature_name]
+        inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
+        outputs = signature(**inputs)
+        assert all(int(tf.shape(value)[0]) == 3 for value in outputs.values())

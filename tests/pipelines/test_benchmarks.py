@@ -17,6 +17,7 @@ from benchmarks import (
     multi30k_recipe,
     pipeline_efficiency,
     request_size,
+    sampling,
     scoring,
     training_throughput,
     warmup,
@@ -263,3 +264,17 @@ def test_warmup_smoke(tiny_run, tmp_path):
     assert sorted(result["results"]) == ["cold", "replayed"]
     for runs in result["seconds"].values():
         assert len(runs) == 1 and len(runs[0]) == 10 and min(runs[0]) > 0
+
+
+def test_sampling_smoke(tiny_run, tmp_path):
+    output = tmp_path / "sampling.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "2",
+            "--batch-size", "8", "--output", str(output)]  # fmt: skip
+    assert sampling.main(argv) == 0
+    result = read(output)
+    assert sorted(result["seconds"]) == ["greedy", "sample", "sample_top_p_0.9"]
+    rates = result["sentences_per_second"]
+    assert result["sample_over_greedy"] == pytest.approx(
+        rates["sample"] / rates["greedy"], rel=0.01
+    )

@@ -1,0 +1,93 @@
+"""Sampling against greedy search, per sentence, in-process on one model.
+
+Usage:
+    python benchmarks/sampling.py --run-dir runs/multi30k --multi30k-dir ../shared/data/multi30k
+
+Traces `greedy_search`, `sample` (temperature 1, all tokens) and `sample`
+with `top_p=0.9` as TensorFlow graphs over the run's model and times each on
+the same length-sorted batches of `--batch-size` sources, the three passes
+alternating, the median of `--repeats`. Writes
+benchmarks/results/sampling.json.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    add_parallel_arguments,
+    load_run,
+    median,
+    read_parallel,
+    table,
+    write_result,
+)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="a training output folder")
+    add_parallel_arguments(parser, "val")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", default=os.path.join(RESULTS, "sampling.json"))
+    args = parser.parse_args(argv)
+    sources, _ = read_parallel(parser, args, "val")
+
+    import tensorflow as tf
+
+    import keras_transformer as kt
+    from pipelines.data.tokenizer import load_tokenizer
+    from pipelines.serving.translation import encode
+
+    model, max_length = load_run(args.run_dir)
+    tokenizer = load_tokenizer(os.path.join(args.run_dir, "sentencepiece.model"))
+    ids = encode(tokenizer, tf.constant(sources), model.eos_id, max_length)
+    order = sorted(range(len(sources)), key=lambda i: int(ids.row_lengths()[i]))
+    batches = [
+        tf.gather(ids, order[start : start + args.batch_size]).to_tensor(model.pad_id)
+        for start in range(0, len(order), args.batch_size)
+    ]
+    signature = [tf.TensorSpec([None, None], tf.int32)]
+    passes = {
+        "greedy": tf.function(lambda s: kt.greedy_search(model, s), input_signature=signature),
+        "sample": tf.function(lambda s: kt.sample(model, s, seed=1)[0], input_signature=signature),
+        "sample_top_p_0.9": tf.function(
+            lambda s: kt.sample(model, s, top_p=0.9, seed=1)[0], input_signature=signature
+        ),
+    }
+    for call in passes.values():  # trace
+        call(batches[0])
+    seconds = {name: [] for name in passes}
+    for repeat in range(args.repeats):
+        order_of_passes = list(passes) if repeat % 2 == 0 else list(passes)[::-1]
+        for name in order_of_passes:
+            started = time.perf_counter()
+            for batch in batches:
+                passes[name](batch)
+            seconds[name].append(time.perf_counter() - started)
+    rates = {name: len(sources) / median(values) for name, values in seconds.items()}
+    write_result(
+        {
+            "benchmark": "sampling",
+            "command": "python benchmarks/sampling.py " + " ".join(argv or sys.argv[1:]),
+            "run_dir": os.path.abspath(args.run_dir),
+            "sentences": len(sources),
+            "batch_size": args.batch_size,
+            "seconds": {name: [round(s, 3) for s in values] for name, values in seconds.items()},
+            "sentences_per_second": {name: round(rate, 1) for name, rate in rates.items()},
+            "sample_over_greedy": round(rates["sample"] / rates["greedy"], 3),
+            "top_p_over_greedy": round(rates["sample_top_p_0.9"] / rates["greedy"], 3),
+        },
+        args.output,
+    )
+    print(table(["pass", "sentences / s"], [[n, f"{r:.1f}"] for n, r in rates.items()]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -326,6 +326,7 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             `(outputs, cache)`: `(B, T, D)` and the updated `(keys, values)`.
         """
+        query = ops.convert_to_tensor(query)  # called directly, not through `__call__`
         query_states = _heads_first(_project(self._query_dense, query))  # (B, H, T, K)
         key_states = _heads_first(_project(self._key_dense, query))
         value_states = _heads_first(_project(self._value_dense, query))
@@ -369,6 +370,7 @@ class MultiHeadAttention(keras.layers.Layer):
             `(B, T, D)`, or with `return_attention_scores` a pair of it and the
             probabilities.
         """
+        query = ops.convert_to_tensor(query)  # called directly, not through `__call__`
         query_states = _heads_first(_project(self._query_dense, query))  # (B, H, T, K)
         mask = masks.merge_attention_masks(query_mask=query_mask, attention_mask=attention_mask)
         outputs, probabilities = self._attend(query_states, cache[0], cache[1], mask, training)

@@ -154,7 +154,7 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
             `(outputs, self_attention_cache)`: `(B, T, D)` and the updated pair;
             with `return_attention_scores`, the probabilities third.
         """
-        caches = []
+        inputs, caches = ops.convert_to_tensor(inputs), []  # called directly, not by Keras
 
         def self_attend(x):
             x, cache = self._self_attention.call_with_cache(
@@ -335,7 +335,7 @@ class Decoder(_DecoderCall, TransformerStack):
                 f"Received: {len(self_attention_cache)} self-attention and "
                 f"{len(cross_attention_cache)} cross-attention pairs"
             )
-        outputs, caches, scores = inputs, [], []
+        outputs, caches, scores = ops.convert_to_tensor(inputs), [], []
         for layer, self_cache, cross_cache in zip(
             self.stack_layers, self_attention_cache, cross_attention_cache, strict=True
         ):

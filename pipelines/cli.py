@@ -91,6 +91,6 @@ def main(argv=None):
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}; one of {list(COMMANDS)}", file=sys.stderr)
         return 2
-    if name not in WITHOUT_TENSORFLOW and not any(flag in rest for flag in ("-h", "--help")):
+    if name not in WITHOUT_TENSORFLOW:  # `--help` too: `kt train --help` reads the settings
         import_tensorflow_quietly()
     return importlib.import_module(COMMANDS[name]).main(rest, prog=f"kt {name}")

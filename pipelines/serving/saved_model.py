@@ -153,10 +153,13 @@ class Translator(tf.Module):
         }
 
 
-# Sentences TF Serving replays at load (assets.extra/tf_serving_warmup_requests),
-# of short and longer lengths, so that the first real requests find every
-# signature's graph initialized.
-WARMUP_SENTENCES = ["Hello.", "A short sentence for the warm-up request.", ""]
+# Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):
+# a small batch, then a batch of many lengths, so that the first real requests
+# find every signature's graph and most of its kernels initialized.
+WARMUP_BATCHES = [
+    ["Hello.", "A short sentence for the warm-up request.", ""],
+    [" ".join(["word"] * length) for length in range(1, 65)],
+]
 
 
 def warmup_requests(name="model"):
@@ -171,22 +174,24 @@ def warmup_requests(name="model"):
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    sentences = tf.make_tensor_proto(WARMUP_SENTENCES, tf.string)
-    inputs = {
-        "serving_default": {SIGNATURE_INPUT: sentences},
-        "nbest": {SIGNATURE_INPUT: sentences},
-        "score": {"sources": sentences, "targets": sentences},
-    }
-    for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
-        inputs[f"translate:{beam_size}"] = {
-            SIGNATURE_INPUT: sentences,
-            "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
-            "alpha": tf.make_tensor_proto(0.6, tf.float32),
-        }
+    inputs = []
+    for batch in WARMUP_BATCHES:
+        sentences = tf.make_tensor_proto(batch, tf.string)
+        inputs += [
+            ("serving_default", {SIGNATURE_INPUT: sentences}),
+            ("nbest", {SIGNATURE_INPUT: sentences}),
+            ("score", {"sources": sentences, "targets": sentences}),
+        ]
+        for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
+            options = {
+                "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
+                "alpha": tf.make_tensor_proto(0.6, tf.float32),
+            }
+            inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
     logs = []
-    for signature, tensors in inputs.items():
+    for signature, tensors in inputs:
         request = predict_pb2.PredictRequest(
-            model_spec=model_pb2.ModelSpec(name=name, signature_name=signature.split(":")[0])
+            model_spec=model_pb2.ModelSpec(name=name, signature_name=signature)
         )
         for key, proto in tensors.items():
             request.inputs[key].CopyFrom(proto)

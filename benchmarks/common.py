@@ -82,3 +82,12 @@ def load_run(run_dir):
 
     model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
     return model, run_max_length(run_dir)
+
+
+def export_run(run_dir, base_dir):
+    """Exports a training run as a SavedModel under `base_dir`; returns the version folder."""
+    from pipelines.serving import saved_model
+
+    model, max_length = load_run(run_dir)
+    spm_path = os.path.join(run_dir, "sentencepiece.model")
+    return saved_model.export(saved_model.Translator(model, spm_path, max_length), base_dir)

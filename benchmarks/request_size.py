@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, load_run, table, write_result  # noqa: E402
+from benchmarks.common import RESULTS, export_run, table, write_result  # noqa: E402
 
 CLIENT = """
 import json, resource, sys, time
@@ -69,16 +69,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from pipelines.data.corpus import read_lines
-    from pipelines.serving import saved_model as export
+    from pipelines.serving.translation import CHUNK_SIZE
 
     sentences = read_lines(args.source)[: args.sentences]
-    model, max_length = load_run(args.run_dir)
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as work_dir:
-        translator = export.Translator(
-            model, os.path.join(args.run_dir, "sentencepiece.model"), max_length
-        )
-        path = export.export(translator, os.path.join(work_dir, "model"))
+        path = export_run(args.run_dir, os.path.join(work_dir, "model"))
         sentences_path = os.path.join(work_dir, "sentences.json")
         with open(sentences_path, "w", encoding="utf-8") as handle:
             json.dump(sentences, handle)
@@ -105,7 +101,7 @@ def main(argv=None):
             "run_dir": os.path.abspath(args.run_dir),
             "sentences": len(sentences),
             "beam_size": 4,
-            "chunk_size": export.CHUNK_SIZE,
+            "chunk_size": CHUNK_SIZE,
             "results": results,
             "large_over_small_time_per_sentence": round(
                 large["milliseconds_per_sentence"] / small["milliseconds_per_sentence"], 3

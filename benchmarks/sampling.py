@@ -47,7 +47,8 @@ def main(argv=None):
     model, max_length = load_run(args.run_dir)
     tokenizer = load_tokenizer(os.path.join(args.run_dir, "sentencepiece.model"))
     ids = encode(tokenizer, tf.constant(sources), model.eos_id, max_length)
-    order = sorted(range(len(sources)), key=lambda i: int(ids.row_lengths()[i]))
+    lengths = ids.row_lengths().numpy()
+    order = sorted(range(len(sources)), key=lambda i: lengths[i])
     batches = [
         tf.gather(ids, order[start : start + args.batch_size]).to_tensor(model.pad_id)
         for start in range(0, len(order), args.batch_size)

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     add_parallel_arguments,
-    load_run,
+    export_run,
     median,
     read_parallel,
     table,
@@ -52,14 +52,8 @@ def main(argv=None):
 
     import tensorflow as tf
 
-    from pipelines.serving import saved_model as export
-
-    model, max_length = load_run(args.run_dir)
     with tempfile.TemporaryDirectory() as work_dir:
-        translator = export.Translator(
-            model, os.path.join(args.run_dir, "sentencepiece.model"), max_length
-        )
-        signatures = tf.saved_model.load(export.export(translator, work_dir)).signatures
+        signatures = tf.saved_model.load(export_run(args.run_dir, work_dir)).signatures
 
         def score(batch, targets):
             return signatures["score"](sources=tf.constant(batch), targets=tf.constant(targets))

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     add_parallel_arguments,
-    load_run,
+    export_run,
     median,
     read_parallel,
     table,
@@ -78,15 +78,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sources, _ = read_parallel(parser, args, "val")
 
-    from pipelines.serving import saved_model as export
-
-    model, max_length = load_run(args.run_dir)
     times = {"replayed": [], "cold": []}
     with tempfile.TemporaryDirectory() as work_dir:
-        translator = export.Translator(
-            model, os.path.join(args.run_dir, "sentencepiece.model"), max_length
-        )
-        path = export.export(translator, os.path.join(work_dir, "model"))
+        path = export_run(args.run_dir, os.path.join(work_dir, "model"))
         sentences_path = os.path.join(work_dir, "sentences.json")
         with open(sentences_path, "w", encoding="utf-8") as handle:
             json.dump(sources[: args.request], handle)

@@ -88,6 +88,19 @@ def staging_path(path, suffix=""):
     return staging
 
 
+def staging_folder(parent):
+    """A new hidden folder in `parent` to write a whole output in, before renaming it.
+
+    Staging left in `parent` by this machine's dead writers is removed first.
+    The folder has the mode a plain `mkdir` gives.
+    """
+    os.makedirs(parent, exist_ok=True)
+    remove_stale_staging(parent)
+    folder = tempfile.mkdtemp(prefix=f"{STAGING}{staging_owner()}", dir=parent)
+    make_shareable(folder)
+    return folder
+
+
 @contextlib.contextmanager
 def atomic_output(path, suffix=""):
     """Yields a temporary path beside `path`; on success renames it to `path`.

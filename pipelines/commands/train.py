@@ -29,35 +29,35 @@ from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
 from pipelines.training.config import (
+    SETTINGS,
     base_type,
     check_paths,
     load_config,
     recipe_names,
-    settings,
 )
 
 
 def _add_setting_flags(parser):
     """One flag per declared setting, in one argument group per concern."""
-    for group_name in dict.fromkeys(s.group for s in settings()):
-        group = parser.add_argument_group(f"{group_name} settings")
-        for item in (s for s in settings() if s.group == group_name):
-            flag = "--" + item.name.replace("_", "-")
-            base, _, _ = base_type(item.type)
-            options = {"dest": item.name, "default": argparse.SUPPRESS}
-            help = f"{item.help} (default: {json.dumps(item.default)})"
-            if base is bool:
-                group.add_argument(
-                    flag, action=argparse.BooleanOptionalAction, help=help, **options
-                )
-                continue
-            if base is list:
-                options["nargs"] = item.limits.get("nargs", "+")
-            if "choices" in item.limits:
-                options["metavar"] = "{" + ",".join(map(str, item.limits["choices"])) + "}"
-            else:
-                options["metavar"] = item.name.upper() if base is not list else "VALUE"
-            group.add_argument(flag, help=help, **options)
+    groups = {}
+    for item in SETTINGS.values():  # in declaration order, group by group
+        if item.group not in groups:
+            groups[item.group] = parser.add_argument_group(f"{item.group} settings")
+        group = groups[item.group]
+        flag = "--" + item.name.replace("_", "-")
+        base, _, _ = base_type(item.type)
+        options = {"dest": item.name, "default": argparse.SUPPRESS}
+        help = f"{item.help} (default: {json.dumps(item.default)})"
+        if base is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, help=help, **options)
+            continue
+        if base is list:
+            options["nargs"] = item.limits.get("nargs", "+")
+        if "choices" in item.limits:
+            options["metavar"] = "{" + ",".join(map(str, item.limits["choices"])) + "}"
+        else:
+            options["metavar"] = item.name.upper() if base is not list else "VALUE"
+        group.add_argument(flag, help=help, **options)
 
 
 def parse_args(argv, prog="kt train"):

@@ -34,7 +34,7 @@ def load_signature(path, name="translate"):
         raise ExportError(f"the SavedModel {version} is broken: {reason}") from None
 
 
-def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, progress=None):
+def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
     """Translates byte strings in batches of similar length, returning them in order.
 
     Args:
@@ -44,7 +44,6 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, p
         alpha: float, length penalty exponent.
         batch_size: int, sentences per call; the SavedModel sorts a call's
             sentences by length and searches them in chunks.
-        progress: callable(done, total) or None.
 
     Returns:
         `(translations, scores)`: lists of str and float in input order.
@@ -62,6 +61,4 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, p
             batch, outputs["translations"].numpy(), outputs["scores"].numpy(), strict=True
         ):
             translations[i], scores[i] = text.decode("utf-8"), float(score)
-        if progress:
-            progress(min(start + batch_size, len(order)), len(order))
     return translations, scores

@@ -23,13 +23,12 @@ each weight of `keras_transformer.Transformer` onto `TransformerSpec`.
 import json
 import os
 import shutil
-import tempfile
 
 import numpy as np
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
-from pipelines.files import STAGING, make_shareable, remove_stale_staging, staging_owner
+from pipelines.files import staging_folder
 
 _ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
 
@@ -181,10 +180,7 @@ def convert(model, spm_path, output_dir, max_source_length=128, quantization=Non
     spec.validate()
     spec.optimize(quantization=quantization)
     parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    remove_stale_staging(parent)
-    staging = tempfile.mkdtemp(prefix=f"{STAGING}{staging_owner()}", dir=parent)
-    make_shareable(staging)
+    staging = staging_folder(parent)
     spec.save(staging)
     shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:

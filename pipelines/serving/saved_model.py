@@ -25,14 +25,13 @@ replaced by U+FFFD before tokenization.
 import errno
 import os
 import shutil
-import tempfile
 
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
-from pipelines.files import STAGING, make_shareable, remove_stale_staging, staging_owner
+from pipelines.files import staging_folder
 from pipelines.serving.translation import CHUNK_SIZE, score_strings, translate_strings
 from pipelines.serving.versions import check_version, next_version
 
@@ -239,10 +238,7 @@ def export(translator, base_dir, version=None):
         ExportError: `version` is given and taken.
     """
     check_version(base_dir, version)
-    os.makedirs(base_dir, exist_ok=True)
-    remove_stale_staging(base_dir)
-    staging = tempfile.mkdtemp(prefix=f"{STAGING}{staging_owner()}", dir=base_dir)
-    make_shareable(staging)
+    staging = staging_folder(base_dir)
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
         write_warmup_requests(staging)

@@ -129,35 +129,18 @@ def translate_strings(
     """
     sentences = tf.convert_to_tensor(sentences, tf.string)
     source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
-    # Stable, so equal lengths keep their input order and results do not
-    # depend on how a request was split.
-    order = tf.argsort(source.row_lengths(), stable=True)  # (B,)
-    count = tf.size(order)
-    chunks = (count + chunk_size - 1) // chunk_size
 
-    def body(chunk, texts, scores):
-        rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
+    def translate_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
-        tokens, chunk_scores = search(
+        tokens, scores = search(
             model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop
         )  # (C, N, T), (C, N)
-        texts = texts.write(chunk, decode(tokenizer, tokens, model.eos_id))
-        return chunk + 1, texts, scores.write(chunk, chunk_scores)
+        return decode(tokenizer, tokens, model.eos_id), scores
 
-    arrays = [
-        tf.TensorArray(dtype, size=chunks, infer_shape=False, element_shape=[None, num_hypotheses])
-        for dtype in (tf.string, tf.float32)
-    ]
-    # One chunk at a time: parallel iterations would hold several chunks' caches.
-    _, texts, scores = tf.while_loop(
-        lambda chunk, *_: chunk < chunks,
-        body,
-        (tf.constant(0), *arrays),
-        parallel_iterations=1,
-    )
-    texts, scores = texts.concat(), scores.concat()  # (B, N) in length order
-    inverse = tf.math.invert_permutation(order)
-    texts, scores = tf.gather(texts, inverse), tf.gather(scores, inverse)
+    shape = [None, num_hypotheses]
+    texts, scores = by_length_chunks(
+        source.row_lengths(), chunk_size, translate_chunk, [(tf.string, shape), (tf.float32, shape)]
+    )  # (B, N) each
     empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)[:, None]  # (B, 1)
     return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
 
@@ -186,18 +169,51 @@ def score_strings(
     sources = tf.convert_to_tensor(sources, tf.string)
     source = encode(tokenizer, sources, model.eos_id, max_source_length)  # ragged (B, None)
     target = encode(tokenizer, tf.convert_to_tensor(targets, tf.string), model.eos_id)
-    order = tf.argsort(source.row_lengths() + target.row_lengths(), stable=True)  # (B,)
-    chunks = (tf.size(order) + chunk_size - 1) // chunk_size
 
-    def body(chunk, scores):
-        rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
+    def score_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
         target_ids = tf.gather(target, rows).to_tensor(model.pad_id)  # (C, T)
-        return chunk + 1, scores.write(chunk, score_hypotheses(model, source_ids, target_ids))
+        return (score_hypotheses(model, source_ids, target_ids),)
 
-    array = tf.TensorArray(tf.float32, size=chunks, infer_shape=False, element_shape=[None])
-    _, scores = tf.while_loop(
-        lambda chunk, *_: chunk < chunks, body, (tf.constant(0), array), parallel_iterations=1
-    )
-    scores = tf.gather(scores.concat(), tf.math.invert_permutation(order))
+    lengths = source.row_lengths() + target.row_lengths()
+    (scores,) = by_length_chunks(lengths, chunk_size, score_chunk, [(tf.float32, [None])])
     return scores, tf.cast(target.row_lengths(), tf.int32)
+
+
+def by_length_chunks(lengths, chunk_size, compute, outputs):
+    """`compute` on chunks of rows of similar length, one chunk at a time, results in input order.
+
+    Sorting by length keeps each chunk's padding small; one chunk at a time
+    bounds memory whatever the request's size (parallel iterations would hold
+    several chunks' caches).
+
+    Args:
+        lengths: int `(B,)`, each row's length.
+        chunk_size: int, the most rows a chunk.
+        compute: callable `rows (C,) -> tuple of (C, ...) tensors`.
+        outputs: list of `(dtype, element_shape)`, one for each tensor
+            `compute` returns (`element_shape` leaves out nothing: `[None, N]`
+            for `(C, N)`).
+
+    Returns:
+        tuple of `(B, ...)` tensors, row `i` computed for row `i`.
+    """
+    # Stable, so equal lengths keep their input order and results do not
+    # depend on how a request was split.
+    order = tf.argsort(lengths, stable=True)  # (B,)
+    chunks = (tf.size(order) + chunk_size - 1) // chunk_size
+
+    def body(chunk, *arrays):
+        rows = order[chunk * chunk_size : (chunk + 1) * chunk_size]  # (C,)
+        results = compute(rows)
+        return (chunk + 1, *(a.write(chunk, r) for a, r in zip(arrays, results, strict=True)))
+
+    arrays = [
+        tf.TensorArray(dtype, size=chunks, infer_shape=False, element_shape=shape)
+        for dtype, shape in outputs
+    ]
+    _, *arrays = tf.while_loop(
+        lambda chunk, *_: chunk < chunks, body, (tf.constant(0), *arrays), parallel_iterations=1
+    )
+    inverse = tf.math.invert_permutation(order)
+    return tuple(tf.gather(array.concat(), inverse) for array in arrays)

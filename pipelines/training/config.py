@@ -308,7 +308,7 @@ def validate(config):
     Raises:
         ConfigError: naming the first bad setting and its value.
     """
-    for item in settings():
+    for item in SETTINGS.values():
         value = getattr(getattr(config, item.group), item.name)
         if value is not None:
             _check_limits(item.name, value)
@@ -458,7 +458,7 @@ def run_max_length(run_dir):
 def settings_markdown():
     """A Markdown table of every setting: name, type, default, limits, help (docs/training.md)."""
     rows = ["| setting | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for item in settings():
+    for item in SETTINGS.values():
         base, optional, member = base_type(item.type)
         kind = f"list of {member.__name__}" if base is list else base.__name__
         kind += " or null" if optional else ""

@@ -98,6 +98,44 @@ def test_filtering_keeps_the_order_and_cuts_what_it_must():
     np.testing.assert_array_equal(kept, [[False, True, False]])
 
 
+def test_per_row_settings_filter_each_row_as_its_own_numbers_do():
+    log_probs = np.log(np.random.RandomState(0).dirichlet(np.ones(9), size=5)).astype("float32")
+    temperature = np.array([1.0, 0.5, 2.0, 1.0, 0.8], "float32")
+    top_k = np.array([0, 3, 0, 1, 4], "int32")
+    top_p = np.array([1.0, 1.0, 0.6, 0.9, 0.5], "float32")
+    rows = to_numpy(filter_log_probs(log_probs, temperature, top_k, top_p))
+    for row in range(5):
+        alone = filter_log_probs(
+            log_probs[row : row + 1], float(temperature[row]), int(top_k[row]), float(top_p[row])
+        )
+        np.testing.assert_allclose(rows[row], to_numpy(alone)[0], rtol=1e-6)
+    untouched = filter_log_probs(log_probs, temperature, np.zeros(5, "int32"), np.ones(5))
+    np.testing.assert_allclose(to_numpy(untouched), log_probs / temperature[:, None], rtol=1e-6)
+
+
+def test_per_sentence_settings_and_uniforms_sample_each_sentence_as_alone(model):  # noqa: F811
+    """What the SavedModel relies on: a sentence's samples depend on its own settings and draws."""
+    samples, width = 3, SOURCES.shape[1] + EXTRA
+    uniforms = np.random.RandomState(1).uniform(size=(3, samples, width)).astype("float32")
+    temperature = np.array([1.5, 0.7, 1.0], "float32")
+    top_k, top_p = np.array([0, 4, 2], "int32"), np.array([0.9, 1.0, 1.0], "float32")
+    tokens, scores = sample(
+        model, SOURCES, samples, temperature, top_k, top_p, extra_length=EXTRA, uniforms=uniforms
+    )
+    for row in range(3):
+        alone, alone_scores = sample(
+            model, SOURCES[row : row + 1], samples, float(temperature[row]), int(top_k[row]),
+            float(top_p[row]), extra_length=EXTRA, uniforms=uniforms[row : row + 1],
+        )  # fmt: skip
+        np.testing.assert_array_equal(to_numpy(tokens)[row], to_numpy(alone)[0])
+        np.testing.assert_allclose(to_numpy(scores)[row], to_numpy(alone_scores)[0], rtol=1e-5)
+    other, _ = sample(
+        model, SOURCES, samples, temperature, top_k, top_p, extra_length=EXTRA,
+        uniforms=uniforms[:, ::-1],
+    )  # fmt: skip
+    assert not np.array_equal(to_numpy(other), to_numpy(tokens))
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -1,5 +1,7 @@
 """Ancestral sampling with temperature, top-k and top-p (nucleus) filtering."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -7,31 +9,42 @@ from keras_transformer.decoding.greedy import search_rows
 from keras_transformer.decoding.steps import IMPOSSIBLE, check_prefix
 
 
+def _is_number(value):
+    return isinstance(value, numbers.Real)
+
+
 def _check(num_samples, temperature, top_k, top_p):
+    """Refuses bad Python-number settings; tensors are the caller's to check."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive. Received: num_samples={num_samples}")
-    if not temperature > 0:
+    if _is_number(temperature) and not temperature > 0:
         raise ValueError(f"temperature must be positive. Received: temperature={temperature}")
-    if top_k < 0:
+    if _is_number(top_k) and top_k < 0:
         raise ValueError(f"top_k must be 0 (off) or positive. Received: top_k={top_k}")
-    if not 0 < top_p <= 1:
+    if _is_number(top_p) and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1]. Received: top_p={top_p}")
 
 
 def filter_log_probs(log_probs, temperature=1.0, top_k=0, top_p=1.0):
     """The sampling distribution's log-weights: tempered, then cut to the top k and the nucleus.
 
+    Each setting is a Python number, applied to every row, or a tensor `(R,)`
+    with one value a row (the SavedModel's per-sentence settings).
+
     Args:
         log_probs: float32 `(R, V)` log-probabilities.
-        temperature: float > 0; below 1 sharpens, above 1 flattens.
-        top_k: int, keep the k most probable tokens (0: all).
-        top_p: float in (0, 1], keep the smallest set of most probable tokens
-            whose probability reaches `top_p` (Holtzman et al., 2020).
+        temperature: float > 0, or float `(R,)`; below 1 sharpens, above 1 flattens.
+        top_k: int, or int `(R,)`: keep the k most probable tokens (0: all).
+        top_p: float in (0, 1], or float `(R,)`: keep the smallest set of most
+            probable tokens whose probability reaches `top_p` (Holtzman et
+            al., 2020).
 
     Returns:
         float32 `(R, V)` unnormalized log-weights; tokens filtered out are
         `IMPOSSIBLE`.
     """
+    if not all(_is_number(value) for value in (temperature, top_k, top_p)):
+        return _filter_rows(log_probs, temperature, top_k, top_p)
     logits = ops.convert_to_tensor(log_probs, "float32") / temperature
     if top_k:
         k = min(top_k, logits.shape[-1]) if isinstance(logits.shape[-1], int) else top_k
@@ -45,6 +58,39 @@ def filter_log_probs(log_probs, temperature=1.0, top_k=0, top_p=1.0):
         keep = ops.take_along_axis(keep_sorted, ops.argsort(order, axis=-1), axis=-1)
         logits = ops.where(keep, logits, IMPOSSIBLE)
     return logits
+
+
+def _filter_rows(log_probs, temperature, top_k, top_p):
+    """`filter_log_probs` with settings that are tensors: one value a row, known at run time.
+
+    The same cuts as the Python-number path (ties with the k-th value are
+    kept, the nucleus is taken after the top-k cut), made in sorted order,
+    and skipped at run time when no row asks for one.
+    """
+    logits = ops.convert_to_tensor(log_probs, "float32")
+    rows, vocabulary = ops.shape(logits)[0], ops.shape(logits)[-1]
+
+    def per_row(value, dtype):
+        return ops.broadcast_to(ops.convert_to_tensor(value, dtype), (rows,))
+
+    temperature, top_k, top_p = (
+        per_row(temperature, "float32"), per_row(top_k, "int32"), per_row(top_p, "float32")
+    )  # fmt: skip
+    logits = logits / temperature[:, None]
+
+    def cut():
+        sorted_logits, order = ops.top_k(logits, vocabulary)  # (R, V), descending
+        k = ops.clip(top_k, 1, vocabulary) - 1
+        kth = ops.take_along_axis(sorted_logits, k[:, None], axis=-1)  # (R, 1)
+        in_top_k = (top_k[:, None] <= 0) | (sorted_logits >= kth)
+        sorted_probs = ops.softmax(ops.where(in_top_k, sorted_logits, IMPOSSIBLE), axis=-1)
+        before = ops.cumsum(sorted_probs, axis=-1) - sorted_probs
+        keep_sorted = in_top_k & (before < top_p[:, None])  # the first token is always kept
+        keep = ops.take_along_axis(keep_sorted, ops.argsort(order, axis=-1), axis=-1)
+        return ops.where(keep, logits, IMPOSSIBLE)
+
+    # A full sort every step only when some row filters.
+    return ops.cond(ops.any(top_k > 0) | ops.any(top_p < 1.0), cut, lambda: logits)
 
 
 def _inverse_cdf(logits, uniform):
@@ -70,6 +116,7 @@ def sample(
     static_shapes=None,
     target_prefix=None,
     return_attention=False,
+    uniforms=None,
 ):
     """Draws translations token by token from the model's distribution.
 
@@ -90,10 +137,17 @@ def sample(
         top_k: int, sample among the k most probable tokens (0: all); 1 is
             greedy search.
         top_p: float in (0, 1], sample within the nucleus of this mass.
+            `temperature`, `top_k` and `top_p` may also be tensors `(B,)`,
+            one value a sentence; those are not checked here.
         seed: int or None; None draws from Keras's global generator.
         max_output_length, extra_length, use_cache, static_shapes,
             target_prefix, return_attention: as in `greedy_search` (the
             prefix is `(B, P)`, shared by a sentence's samples).
+        uniforms: float `(B, N, T)` numbers in [0, 1), the draws' randomness
+            in place of `seed`, `T` at least the output width: for callers
+            with randomness of their own (the SavedModel draws each
+            sentence's from that sentence's seed, so its samples do not
+            depend on the request it came in).
 
     Returns:
         `(tokens, log_probs)`: int32 `(B, N, T)` samples, each ending with
@@ -121,11 +175,21 @@ def sample(
     prefix = check_prefix(target_prefix)
     if prefix is not None:
         prefix = ops.repeat(prefix, num_samples, axis=0)
+    settings = [
+        value if _is_number(value) else ops.repeat(value, num_samples, axis=0)  # (B * N,)
+        for value in (temperature, top_k, top_p)
+    ]
     width = max_output_length or ops.shape(source_ids)[1] + extra_length
-    uniforms = keras.random.uniform((width, ops.shape(rows)[0]), seed=seed)  # (T, B * N)
+    if uniforms is None:
+        uniforms = keras.random.uniform((width, ops.shape(rows)[0]), seed=seed)  # (T, B * N)
+    else:
+        uniforms = ops.transpose(ops.reshape(uniforms, (ops.shape(rows)[0], -1)))  # (T', B * N)
 
     def draw(log_probs, index, row_ids):
-        filtered = filter_log_probs(log_probs, temperature, top_k, top_p)
+        row_settings = [
+            value if _is_number(value) else ops.take(value, row_ids) for value in settings
+        ]  # (R,) each
+        filtered = filter_log_probs(log_probs, *row_settings)
         uniform = ops.take(ops.take(uniforms, index, axis=0), row_ids)  # (R,)
         ids = _inverse_cdf(filtered, uniform)
         return ids, ops.take_along_axis(log_probs, ids[:, None], axis=-1)[:, 0]

@@ -8,13 +8,30 @@ does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
 search with the key/value cache over length-sorted chunks of the request,
 detokenization. It needs only tensorflow and tensorflow-text to load.
 
-Signatures (every input is a string tensor `inputs` of shape `[None]`):
+Signatures (`inputs` is always a string tensor of shape `[None]`):
     serving_default: `translations` string `[None]`, `scores` float32 `[None]`,
         beam search with the export's beam size and length penalty.
     nbest: `translations` string `[None, N]`, `scores` float32 `[None, N]`,
         the N best hypotheses per sentence, best first.
     translate: also takes `beam_size` (int32 scalar) and `alpha` (float32
         scalar); beam size 1 is greedy search.
+    score: `sources`, `targets` string `[None]` -> `scores` float32 `[None]`
+        (log-probabilities, no length penalty), `lengths` int32 `[None]`.
+    prefix: also takes `prefixes` string `[None]`: each translation starts
+        with its prefix ("" for none); outputs as `serving_default`'s.
+    align: `prefix`'s inputs and outputs, and `alignments` int32 `[None, T]`
+        (for each target piece, the source piece it attends to most; -1 for
+        none), `target_pieces` string `[None, T]`, `source_pieces` string
+        `[None, S]` (SentencePiece pieces, "" past each sentence's end).
+    sample: also takes `temperature`, `top_k`, `top_p` and `seed`, one a
+        sentence (`[None]`): one sample each, `translations` and `scores`.
+
+Prefixes and alignments are signatures of their own, not optional inputs or
+outputs of `serving_default`: a signature's inputs are all required, TF
+Serving computes every output of a signature (its REST API cannot filter
+them), and clients of `serving_default` keep their contract. Every signature
+but `translate` takes batch-major inputs only, so TF Serving's request
+batcher can merge its requests (`translate`'s scalars cannot be merged).
 
 An empty (or all-space) sentence translates to an empty string with score 0.
 A sentence longer than `max_source_length` tokens (end-of-sequence included)
@@ -32,7 +49,12 @@ import tensorflow_text as tf_text
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder
-from pipelines.serving.translation import CHUNK_SIZE, score_strings, translate_strings
+from pipelines.serving.translation import (
+    CHUNK_SIZE,
+    sample_strings,
+    score_strings,
+    translate_strings,
+)
 from pipelines.serving.versions import check_version, next_version
 
 SIGNATURE_INPUT = "inputs"
@@ -46,7 +68,7 @@ class Translator(tf.Module):
     `chunk_size` sentences at a time, so its memory does not grow with its
     size. Every input of every signature is batch-major except `translate`'s
     scalar `beam_size` and `alpha`, so TF Serving's request batcher can merge
-    requests to `serving_default`, `nbest` and `score`.
+    requests to every other signature.
 
     The module tracks the tf.Variables its traced signatures read, not the
     Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
@@ -83,7 +105,7 @@ class Translator(tf.Module):
         with open(sentencepiece_path, "rb") as handle:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
 
-        def translate(sentences, beam_size, alpha, num_hypotheses):
+        def translate(sentences, beam_size, alpha, num_hypotheses, **options):
             return translate_strings(
                 model,
                 self.tokenizer,
@@ -93,6 +115,7 @@ class Translator(tf.Module):
                 num_hypotheses=num_hypotheses,
                 max_source_length=max_source_length,
                 chunk_size=chunk_size,
+                **options,
             )
 
         sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
@@ -126,19 +149,55 @@ class Translator(tf.Module):
             ]
         )
         def score(sources, targets):
-            tf.debugging.assert_equal(
-                tf.size(sources), tf.size(targets), message="one target per source"
-            )
+            check_rows(sources, targets=targets)
             scores, lengths = score_strings(
                 model, self.tokenizer, sources, targets, max_source_length, chunk_size
             )
             return {"scores": scores, "lengths": lengths}
 
+        prefixes_spec = tf.TensorSpec([None], tf.string, name="prefixes")
+
+        @tf.function(input_signature=[sentences_spec, prefixes_spec])
+        def prefix(inputs, prefixes):
+            check_rows(inputs, prefixes=prefixes)
+            texts, scores = translate(inputs, beam_size, alpha, 1, prefixes=prefixes)
+            return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+        @tf.function(input_signature=[sentences_spec, prefixes_spec])
+        def align(inputs, prefixes):
+            check_rows(inputs, prefixes=prefixes)
+            texts, scores, aligned = translate(
+                inputs, beam_size, alpha, 1, prefixes=prefixes, return_alignments=True
+            )
+            return {
+                "translations": texts[:, 0],
+                "scores": scores[:, 0],
+                "alignments": aligned["alignments"][:, 0],
+                "target_pieces": aligned["target_pieces"][:, 0],
+                "source_pieces": aligned["source_pieces"],
+            }
+
+        @tf.function(
+            input_signature=[
+                sentences_spec,
+                tf.TensorSpec([None], tf.float32, name="temperature"),
+                tf.TensorSpec([None], tf.int32, name="top_k"),
+                tf.TensorSpec([None], tf.float32, name="top_p"),
+                tf.TensorSpec([None], tf.int64, name="seed"),
+            ]
+        )
+        def sample(inputs, temperature, top_k, top_p, seed):
+            texts, scores = sample_strings(
+                model, self.tokenizer, inputs, temperature, top_k, top_p, seed,
+                max_source_length, chunk_size,
+            )  # fmt: skip
+            return {"translations": texts, "scores": scores}
+
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
-        self.score = score
+        self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
         # The tf.Variables the traced signatures read, deduplicated by handle.
         captured = {}
-        for function in (serve, nbest, translate_with, score):
+        for function in self.signatures().values():
             for variable in function.get_concrete_function().variables:
                 captured.setdefault(id(variable), variable)
         self.model_variables = list(captured.values())
@@ -149,7 +208,18 @@ class Translator(tf.Module):
             "nbest": self.nbest,
             "translate": self.translate,
             "score": self.score,
+            "prefix": self.prefix,
+            "align": self.align,
+            "sample": self.sample,
         }
+
+
+def check_rows(inputs, **others):
+    """Fails a request whose tensors `others` do not have one row per input sentence."""
+    for name, tensor in others.items():
+        tf.debugging.assert_equal(
+            tf.size(tensor), tf.size(inputs), message=f"one {name} row per input sentence"
+        )
 
 
 # Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):
@@ -176,10 +246,13 @@ def warmup_requests(name="model"):
     inputs = []
     for batch in WARMUP_BATCHES:
         sentences = tf.make_tensor_proto(batch, tf.string)
+        prefixes = tf.make_tensor_proto([text[:8] for text in batch], tf.string)
         inputs += [
             ("serving_default", {SIGNATURE_INPUT: sentences}),
             ("nbest", {SIGNATURE_INPUT: sentences}),
             ("score", {"sources": sentences, "targets": sentences}),
+            ("prefix", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
+            ("align", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
         ]
         for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
             options = {
@@ -187,6 +260,15 @@ def warmup_requests(name="model"):
                 "alpha": tf.make_tensor_proto(0.6, tf.float32),
             }
             inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
+        rows = len(batch)
+        for top_k in (0, 10):  # sampling with and without the sorting branch
+            settings = {
+                "temperature": tf.make_tensor_proto([1.0] * rows, tf.float32),
+                "top_k": tf.make_tensor_proto([top_k] * rows, tf.int32),
+                "top_p": tf.make_tensor_proto([1.0] * rows, tf.float32),
+                "seed": tf.make_tensor_proto(list(range(rows)), tf.int64),
+            }
+            inputs.append(("sample", {SIGNATURE_INPUT: sentences, **settings}))
     logs = []
     for signature, tensors in inputs:
         request = predict_pb2.PredictRequest(

@@ -11,15 +11,27 @@ holds, and sentences of similar length share a chunk.
 
 import tensorflow as tf
 
-from keras_transformer.decoding import beam_search, greedy_search, score_hypotheses
+from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
 
 # Sentences searched together: enough rows for each step's matrix products to
 # pay for its fixed costs, few enough that one chunk's caches stay small
 # (chosen on Multi30k val; the comparison is in benchmarks/README.md).
 CHUNK_SIZE = 128
+# Target tokens a sentence may produce beyond its source length (section 6.1).
+EXTRA_LENGTH = 50
 
 
-def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True, early_stop=False):
+def search(
+    model,
+    source_ids,
+    beam_size,
+    alpha,
+    num_hypotheses,
+    use_cache=True,
+    early_stop=False,
+    target_prefix=None,
+    return_attention=False,
+):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
     Args:
@@ -30,17 +42,22 @@ def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True, 
         num_hypotheses: int `N`.
         use_cache: bool, False for the prefix-recomputing reference decoder.
         early_stop: bool, beam search's early stopping rule (see `beam_search`).
+        target_prefix: int32 `(B, P)` forced first tokens padded with
+            `model.pad_id`, or None.
+        return_attention: bool, also return alignments.
 
     Returns:
-        `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`.
+        `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
+        `return_attention`, float32 `(B, N, T, S)` alignments third.
     """
+    options = {"target_prefix": target_prefix, "return_attention": return_attention}
 
     def greedy():
-        tokens, scores = greedy_search(
-            model, source_ids, alpha=alpha, use_cache=use_cache, return_scores=True
-        )
-        tokens = tf.tile(tokens[:, None], [1, num_hypotheses, 1])  # one hypothesis, repeated
-        return tokens, tf.tile(scores[:, None], [1, num_hypotheses])
+        results = greedy_search(
+            model, source_ids, alpha=alpha, use_cache=use_cache, return_scores=True, **options
+        )  # (B, T), (B,)[, (B, T, S)]
+        # One hypothesis, repeated.
+        return tuple(tf.repeat(tensor[:, None], num_hypotheses, axis=1) for tensor in results)
 
     def beam():
         return beam_search(
@@ -51,6 +68,7 @@ def search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache=True, 
             num_hypotheses=num_hypotheses,
             use_cache=use_cache,
             early_stop=early_stop,
+            **options,
         )
 
     if isinstance(beam_size, int):
@@ -64,7 +82,8 @@ def encode(tokenizer, sentences, eos_id, max_source_length=None):
     Args:
         tokenizer: a tensorflow-text SentencePiece tokenizer.
         sentences: string `(B,)`; bytes that are not UTF-8 become U+FFFD.
-        eos_id: int, appended to every source.
+        eos_id: int, appended to every source; None appends nothing (a
+            target prefix).
         max_source_length: int or None, the most ids kept per source (EOS included).
 
     Returns:
@@ -74,6 +93,8 @@ def encode(tokenizer, sentences, eos_id, max_source_length=None):
         sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
     )
     pieces = tf.cast(tokenizer.tokenize(sentences), tf.int32)  # ragged (B, None)
+    if eos_id is None:
+        return pieces
     if max_source_length:
         pieces = pieces[:, : max_source_length - 1]
     eos = tf.fill([tf.shape(sentences)[0], 1], eos_id)
@@ -104,6 +125,8 @@ def translate_strings(
     chunk_size=CHUNK_SIZE,
     use_cache=True,
     early_stop=False,
+    prefixes=None,
+    return_alignments=False,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -122,26 +145,188 @@ def translate_strings(
         chunk_size: int, the most sentences searched at once.
         use_cache: bool, False for the prefix-recomputing reference decoder.
         early_stop: bool, beam search's early stopping rule (see `beam_search`).
+        prefixes: string `(B,)` or None: each translation starts with its
+            prefix's pieces ("" for none), forced and scored (`target_prefix`
+            of the searches). A prefix may hold at most the sentence's output
+            limit of pieces (its source pieces, EOS included, plus 50).
+        return_alignments: bool, also return alignments (see Returns).
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
         scores are log-probabilities divided by the GNMT length penalty.
+        With `return_alignments`, also a dict of `alignments` int32
+        `(B, N, T)`, for each target piece the source piece it attends to
+        most (last decoder layer, heads averaged), -1 where that is the
+        source's end or past the target's pieces; `target_pieces` string
+        `(B, N, T)` ("" past the end); `source_pieces` string `(B, S)`.
+        End-of-sentence tokens are left out of pieces and positions.
     """
     sentences = tf.convert_to_tensor(sentences, tf.string)
     source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
+    prefix = None
+    if prefixes is not None:
+        prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
+        limits = source.row_lengths() + EXTRA_LENGTH
+        _refuse_rows(
+            prefix.row_lengths() > limits,
+            "a prefix has more pieces than its sentence's output limit (the source's pieces, "
+            "end of sentence included, plus 50); rows:",
+        )
+    # The widest output and source of any chunk, so that every chunk's
+    # alignments can be padded to one width.
+    source_width = tf.cast(_most(source.row_lengths()), tf.int32)
+    target_width = source_width + EXTRA_LENGTH
 
     def translate_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
-        tokens, scores = search(
-            model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop
-        )  # (C, N, T), (C, N)
-        return decode(tokenizer, tokens, model.eos_id), scores
+        target_prefix = None
+        if prefix is not None:  # one pad column at least: prefixes may all be empty
+            target_prefix = tf.gather(prefix, rows).to_tensor(model.pad_id)  # (C, P)
+            target_prefix = tf.pad(target_prefix, [[0, 0], [0, 1]], constant_values=model.pad_id)
+        options = (use_cache, early_stop, target_prefix, return_alignments)
+        # (C, N, T), (C, N)[, (C, N, T, S)]
+        results = search(model, source_ids, beam_size, alpha, num_hypotheses, *options)
+        texts = decode(tokenizer, results[0], model.eos_id)
+        if not return_alignments:
+            return texts, results[1]
+        positions = _alignment_positions(model, source_ids, *results[::2])  # (C, N, T)
+        pad = [[0, 0], [0, 0], [0, target_width - tf.shape(positions)[2]]]
+        tokens = tf.pad(results[0], pad, constant_values=model.pad_id)
+        return texts, results[1], tokens, tf.pad(positions, pad, constant_values=-1)
 
     shape = [None, num_hypotheses]
+    outputs = [(tf.string, shape), (tf.float32, shape)]
+    if return_alignments:
+        outputs += [(tf.int32, [None, num_hypotheses, None])] * 2
+    texts, scores, *aligned = by_length_chunks(
+        source.row_lengths(), chunk_size, translate_chunk, outputs
+    )  # (B, N) each[, (B, N, T) twice]
+    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)  # (B,)
+    texts, scores = tf.where(empty[:, None], "", texts), tf.where(empty[:, None], 0.0, scores)
+    if not return_alignments:
+        return texts, scores
+    tokens, positions = aligned
+    real = _pieces_mask(model, tokens) & ~empty[:, None, None]  # (B, N, T)
+    width = _most(tf.reduce_sum(tf.cast(real, tf.int32), 2))  # the most target pieces
+    source_ids = source.to_tensor(model.pad_id)  # (B, S)
+    source_real = _pieces_mask(model, source_ids) & ~empty[:, None]
+    source_used = _most(tf.reduce_sum(tf.cast(source_real, tf.int32), 1))
+    source_pieces = tf.where(source_real, tokenizer.id_to_string(source_ids), "")
+    alignments = {
+        "alignments": tf.where(real, positions, -1)[:, :, :width],
+        "target_pieces": tf.where(real, tokenizer.id_to_string(tokens), "")[:, :, :width],
+        "source_pieces": source_pieces[:, :source_used],
+    }
+    return texts, scores, alignments
+
+
+def _refuse_rows(bad, message):
+    """Fails the request, naming the rows where `bad` `(B,)` holds, if any does."""
+    rows = tf.where(bad)[:, 0]
+    tf.debugging.Assert(tf.equal(tf.size(rows), 0), [message, rows], summarize=20)
+
+
+def _most(counts):
+    """The largest of `counts` (any shape), 0 when there are none."""
+    return tf.reduce_max(tf.concat([tf.reshape(counts, [-1]), [0]], 0))
+
+
+def _pieces_mask(model, token_ids):
+    """True at the pieces of `token_ids` `(..., T)`: before the first EOS, not padding."""
+    before_eos = tf.math.cumsum(tf.cast(tf.equal(token_ids, model.eos_id), tf.int32), axis=-1) == 0
+    return before_eos & tf.not_equal(token_ids, model.pad_id)
+
+
+def _alignment_positions(model, source_ids, tokens, attention):
+    """For each target token `(C, N, T)`, the source position `attention` `(C, N, T, S)` favours.
+
+    -1 where that position is the source's end of sentence (or padding).
+    """
+    positions = tf.argmax(attention, axis=-1, output_type=tf.int32)  # (C, N, T)
+    source_pieces = _pieces_mask(model, source_ids)  # (C, S)
+    on_piece = tf.gather(source_pieces, positions, batch_dims=1)  # (C, N, T)
+    return tf.where(on_piece, positions, -1)
+
+
+def sample_strings(
+    model,
+    tokenizer,
+    sentences,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    max_source_length=None,
+    chunk_size=CHUNK_SIZE,
+):
+    """One sample a sentence, drawn in the graph with each sentence's own settings and seed.
+
+    A sentence's sample depends only on the sentence, its settings and its
+    seed: not on the other sentences of the request, their order or the
+    chunk it is drawn in (its uniforms come from its seed through
+    TensorFlow's stateless generator). Draw several samples of a sentence by
+    repeating it with different seeds.
+
+    Args:
+        model: a trained `Transformer`.
+        tokenizer: the tensorflow-text tokenizer it was trained with.
+        sentences: string `(B,)`.
+        temperature: float32 `(B,)`, each > 0.
+        top_k: int32 `(B,)`, each >= 0 (0: no cut).
+        top_p: float32 `(B,)`, each in (0, 1].
+        seeds: int64 `(B,)`.
+        max_source_length: int or None, source ids kept (EOS included).
+        chunk_size: int, the most sentences sampled at once.
+
+    Returns:
+        `(texts, scores)`: string `(B,)` and float32 `(B,)` log-probabilities
+        of the samples under the model (untempered, unfiltered).
+    """
+    sentences = tf.convert_to_tensor(sentences, tf.string)
+    settings = {
+        "temperature": tf.convert_to_tensor(temperature, tf.float32),
+        "top_k": tf.convert_to_tensor(top_k, tf.int32),
+        "top_p": tf.convert_to_tensor(top_p, tf.float32),
+        "seed": tf.convert_to_tensor(seeds, tf.int64),
+    }
+    for name, value in settings.items():
+        tf.debugging.assert_equal(
+            tf.shape(value), tf.shape(sentences), message=f"one {name} per input sentence"
+        )
+    checks = [
+        (settings["temperature"] > 0, "temperature must be positive"),
+        (settings["top_k"] >= 0, "top_k must be 0 (off) or positive"),
+        ((settings["top_p"] > 0) & (settings["top_p"] <= 1), "top_p must be in (0, 1]"),
+    ]
+    for valid, message in checks:
+        _refuse_rows(~valid, f"{message}; rows:")
+    source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
+
+    def sample_chunk(rows):
+        source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
+        width = tf.shape(source_ids)[1] + EXTRA_LENGTH
+
+        def uniforms(seed):  # a prefix of one stream per seed, whatever the width
+            return tf.random.stateless_uniform([width], tf.stack([seed, tf.constant(0, tf.int64)]))
+
+        row_uniforms = tf.map_fn(
+            uniforms, tf.gather(settings["seed"], rows), fn_output_signature=tf.float32
+        )  # (C, T)
+        tokens, scores = sample(
+            model,
+            source_ids,
+            temperature=tf.gather(settings["temperature"], rows),
+            top_k=tf.gather(settings["top_k"], rows),
+            top_p=tf.gather(settings["top_p"], rows),
+            extra_length=EXTRA_LENGTH,
+            uniforms=row_uniforms[:, None],
+        )  # fmt: skip  (C, 1, T), (C, 1)
+        return decode(tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]
+
     texts, scores = by_length_chunks(
-        source.row_lengths(), chunk_size, translate_chunk, [(tf.string, shape), (tf.float32, shape)]
-    )  # (B, N) each
-    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)[:, None]  # (B, 1)
+        source.row_lengths(), chunk_size, sample_chunk, [(tf.string, [None]), (tf.float32, [None])]
+    )
+    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
     return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
 
 

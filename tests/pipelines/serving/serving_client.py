@@ -23,6 +23,18 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402, F401  registers the SentencePiece ops
 
 
+def as_lists(tensor):
+    """A tensor as nested lists, strings decoded from UTF-8."""
+    values = tensor.numpy().tolist()
+    if tensor.dtype != tf.string:
+        return values
+
+    def text(value):
+        return [text(v) for v in value] if isinstance(value, list) else value.decode("utf-8")
+
+    return text(values)
+
+
 def main(export_dir, inputs_path):
     with open(inputs_path, encoding="utf-8") as handle:
         # Strings as latin-1 code points so any byte (invalid UTF-8 too) survives JSON.
@@ -51,6 +63,34 @@ def main(export_dir, inputs_path):
     scored = loaded.signatures["score"](
         sources=tf.constant(inputs, tf.string), targets=beam["translations"]
     )
+
+    # Prefixes (the first few characters of the beam's own translations, and
+    # none for every other sentence) and alignments.
+    prefixes = [text[:5] if i % 2 else b"" for i, text in enumerate(beam["translations"].numpy())]
+    prefixed = loaded.signatures["prefix"](
+        inputs=tf.constant(inputs, tf.string), prefixes=tf.constant(prefixes)
+    )
+    aligned = loaded.signatures["align"](
+        inputs=tf.constant(inputs, tf.string), prefixes=tf.constant(prefixes)
+    )
+
+    # Samples: top_k 1 for every sentence, then seeds and settings per sentence.
+    rows = len(inputs)
+
+    def sample(batch, top_k, seeds, temperature=1.0):
+        outputs = loaded.signatures["sample"](
+            inputs=tf.constant(batch, tf.string),
+            temperature=tf.fill([len(batch)], temperature),
+            top_k=tf.constant(top_k, tf.int32),
+            top_p=tf.fill([len(batch)], 0.95),
+            seed=tf.constant(seeds, tf.int64),
+        )
+        return [t.decode("utf-8") for t in outputs["translations"].numpy()], outputs
+
+    top_1, _ = sample(inputs, [1] * rows, list(range(rows)))
+    samples, sampled = sample(inputs, [0] * rows, list(range(rows)), temperature=2.0)
+    reversed_samples, _ = sample(inputs[::-1], [0] * rows, list(range(rows))[::-1], 2.0)
+    other_seeds, _ = sample(inputs, [0] * rows, list(range(100, 100 + rows)), temperature=2.0)
 
     # Eight threads call the signature at once, each on its own slice of inputs.
     batches = [inputs[i:] + inputs[:i] for i in range(8)]
@@ -83,6 +123,15 @@ def main(export_dir, inputs_path):
             "scored": scored["scores"].numpy().tolist(),
             "scored_lengths": scored["lengths"].numpy().tolist(),
             "threads_equal_sequential": threaded == sequential,
+            "prefixes": [text.decode("utf-8") for text in prefixes],
+            "prefixed": [t.decode("utf-8") for t in prefixed["translations"].numpy()],
+            "prefixed_scores": prefixed["scores"].numpy().tolist(),
+            "aligned": {key: as_lists(value) for key, value in aligned.items()},
+            "sampled_top_1": top_1,
+            "sampled": samples,
+            "sampled_scores": sampled["scores"].numpy().tolist(),
+            "sampled_reversed": reversed_samples[::-1],
+            "sampled_other_seeds": other_seeds,
             "asset": loaded.sentencepiece_model.asset_path.numpy().decode(),
             "modules": sorted(
                 name

@@ -81,7 +81,15 @@ def test_layout_and_asset(exported):
 def test_fresh_process_serves_the_keras_beam_search(exported, served):
     translator, model, _, _ = exported
     assert served["modules"] == []
-    assert served["signatures"] == ["nbest", "score", "serving_default", "translate"]
+    assert served["signatures"] == [
+        "align",
+        "nbest",
+        "prefix",
+        "sample",
+        "score",
+        "serving_default",
+        "translate",
+    ]
     assert served["asset"].endswith(os.path.join("assets", "sentencepiece.model"))
     real = [0, 1, 4, 6]
     expected, expected_scores = keras_beam_search(translator, model, [INPUTS[i] for i in real])
@@ -141,12 +149,120 @@ def test_the_score_signature_scores_as_beam_search_and_score_hypotheses_do(expor
     assert [served["scored_lengths"][i] for i in real] == list(np.sum(target.numpy() != 0, 1))
 
 
-def test_score_signature_inputs_are_batch_major(exported):
-    """What TF Serving's batcher can merge: every input of these signatures has a batch axis."""
-    for name, signature in exported[0].signatures().items():
-        specs = signature.get_concrete_function().structured_input_signature[0]
-        ranks = [len(spec.shape) for spec in specs]
-        assert ranks == [1] * len(ranks) or name == "translate", name
+def test_every_signature_but_translate_is_batch_major(exported):
+    """What TF Serving's batcher can merge: every input and output has a leading batch axis."""
+    loaded = tf.saved_model.load(exported[3])
+    assert len(loaded.signatures) == 7
+    for name, signature in loaded.signatures.items():
+        inputs = signature.structured_input_signature[1].values()
+        outputs = signature.structured_outputs.values()
+        if name == "translate":  # beam_size and alpha are scalars; documented as not batchable
+            assert sorted(len(spec.shape) for spec in inputs) == [0, 0, 1]
+            continue
+        for spec in [*inputs, *outputs]:
+            assert len(spec.shape) >= 1 and spec.shape[0] is None, (name, spec)
+
+
+def keras_prefix_search(translator, model, sentences, prefixes):
+    """Keras beam search with target prefixes and alignments, outside any SavedModel."""
+
+    @tf.function
+    def run(sentences, prefixes):
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
+        prefix = encode(translator.tokenizer, prefixes, None).to_tensor(shape=[None, 20])
+        tokens, scores, attention = beam_search(
+            model, source, beam_size=4, alpha=0.6, target_prefix=prefix, return_attention=True
+        )
+        return decode(translator.tokenizer, tokens, EOS_ID), scores, tokens, attention, source
+
+    outputs = run(tf.constant(sentences), tf.constant(prefixes))
+    texts, scores, tokens, attention, source = (output.numpy() for output in outputs)
+    return (
+        [t[0].decode("utf-8") for t in texts],
+        scores[:, 0],
+        tokens[:, 0],
+        attention[:, 0],
+        source,
+    )
+
+
+def test_prefix_signature_is_keras_beam_search_with_a_target_prefix(exported, served):
+    translator, model, _, _ = exported
+    real = [0, 1, 4, 5, 6]
+    prefixes = [served["prefixes"][i] for i in real]
+    assert [p for p in prefixes if p]  # some sentences have a prefix, some have none
+    texts, scores, *_ = keras_prefix_search(translator, model, [INPUTS[i] for i in real], prefixes)
+    assert [served["prefixed"][i] for i in real] == texts
+    np.testing.assert_allclose([served["prefixed_scores"][i] for i in real], scores, rtol=1e-4)
+    for prefix, text in zip(prefixes, texts, strict=True):
+        assert text.startswith(prefix.strip())
+    for index in (2, 3):  # empty sentences stay empty
+        assert served["prefixed"][index] == ""
+
+
+def test_align_signature_gives_the_searchs_attention_as_piece_positions(exported, served):
+    translator, model, _, _ = exported
+    aligned = served["aligned"]
+    assert aligned["translations"] == served["prefixed"]
+    real = [0, 1, 4, 5, 6]
+    _, _, tokens, attention, source = keras_prefix_search(
+        translator, model, [INPUTS[i] for i in real], [served["prefixes"][i] for i in real]
+    )
+    pieces = translator.tokenizer.id_to_string
+    for row, index in enumerate(real):
+        # Pieces: the tokens before the end of sentence, which padding follows.
+        count = int(np.sum((np.cumsum(tokens[row] == EOS_ID) == 0) & (tokens[row] != 0)))
+        target = [p.decode() for p in pieces(tokens[row, :count]).numpy()]
+        assert aligned["target_pieces"][index][:count] == target
+        assert set(aligned["target_pieces"][index][count:]) <= {""}
+        source_count = int(np.sum(source[row] != 0)) - 1  # end of sentence left out
+        expected = np.argmax(attention[row, :count], axis=-1)
+        expected = np.where(expected < source_count, expected, -1)
+        assert aligned["alignments"][index][:count] == expected.tolist()
+        assert set(aligned["alignments"][index][count:]) <= {-1}
+        source_pieces = [p.decode() for p in pieces(source[row, :source_count]).numpy()]
+        assert aligned["source_pieces"][index][:source_count] == source_pieces
+    assert set(aligned["alignments"][2]) == {-1} and set(aligned["source_pieces"][2]) == {""}
+
+
+def test_sample_signature_draws_each_sentence_from_its_own_seed(exported, served):
+    translator, model, _, _ = exported
+    real = [0, 1, 4, 5, 6]
+    assert [served["sampled_top_1"][i] for i in real] == [served["greedy"][i] for i in real]
+    assert served["sampled"] == served["sampled_reversed"]  # order and company change nothing
+    assert served["sampled"] != served["sampled_other_seeds"]
+    assert served["sampled"][2] == "" and served["sampled_scores"][2] == 0.0
+    # Scores are the samples' log-probabilities (checked against the model in
+    # tests/test_sampling.py; these garbage samples do not tokenize back to their ids).
+    assert all(served["sampled_scores"][i] < 0 for i in real)
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("temperature", 0.0, "temperature must be positive"),
+        ("top_k", -1, "top_k must be 0"),
+        ("top_p", 1.5, "top_p must be in \\(0, 1\\]"),
+        ("top_p", 0.0, "top_p must be in \\(0, 1\\]"),
+    ],
+)
+def test_sample_signature_refuses_bad_settings_naming_the_row(exported, setting, value, message):
+    signature = exported[0].signatures()["sample"]
+    settings = {"temperature": [1.0, 1.0], "top_k": [0, 0], "top_p": [1.0, 1.0], "seed": [1, 2]}
+    settings[setting] = [settings[setting][0], value]
+    dtypes = {"temperature": tf.float32, "top_k": tf.int32, "top_p": tf.float32, "seed": tf.int64}
+    tensors = {key: tf.constant(v, dtypes[key]) for key, v in settings.items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}(.|\\n)*\\[1\\]"):
+        signature(inputs=tf.constant(["4:08 PM", "12.5%"]), **tensors)
+
+
+def test_prefix_signature_refuses_a_prefix_longer_than_the_output_limit(exported):
+    signature = exported[0].signatures()["prefix"]
+    long_prefix = " ".join(["12.5%"] * 30)  # far more pieces than 3 + 50
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more pieces than"):
+        signature(inputs=tf.constant(["4:08 PM", "ok"]), prefixes=tf.constant(["", long_prefix]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one prefixes row per input"):
+        signature(inputs=tf.constant(["4:08 PM", "ok"]), prefixes=tf.constant([""]))
 
 
 def test_eight_threads_get_the_sequential_results(served):
@@ -310,10 +426,12 @@ def test_the_export_carries_warm_up_requests_for_every_signature(exported):
     signatures = tf.saved_model.load(path).signatures
     names = [log.predict_log.request.model_spec.signature_name for log in logs]
     assert sorted(set(names)) == sorted(signatures) and names.count("translate") == 4
+    assert names.count("sample") == 4
     for log in logs:
         request = log.predict_log.request
         signature = signatures[request.model_spec.signature_name]
         inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
         outputs = signature(**inputs)
         rows = int(tf.shape(inputs.get("inputs", inputs.get("sources")))[0])
+        assert rows > 1
         assert all(int(tf.shape(value)[0]) == rows for value in outputs.values())

@@ -9,11 +9,28 @@ sentences at a time, in input order (the SavedModel sorts each batch by
 length), one line per input line (an empty line gives an empty line); each
 batch's lines are written as soon as it is done. Progress goes to stderr.
 
-With `--output`, finished lines go to `OUTPUT.partial` first and the file
-takes its name only when complete. A run that is killed can be restarted
-with the same arguments: it keeps the lines already in `OUTPUT.partial` and
-continues after them (when the input, model and settings are the same; else
-it starts over).
+Search: the export's beam size and length penalty by default
+(`serving_default`); `--beam-size` and `--alpha` choose others (`translate`).
+
+Target prefixes: `--prefix-file` holds one prefix per input line (an empty
+line for none); each translation starts with its prefix (`prefix`).
+
+Alignments: `--alignments FILE` writes, for each line, the pairs `i-j` of a
+source word `i` and a translation word `j` that attends to it most (words
+are whitespace-separated, counted from 0; fast_align's format) (`align`).
+Prefixes and alignments use the export's beam size and length penalty.
+
+Sampling (back-translation): any of `--sampling-topk`, `--sampling-topp`,
+`--sampling-temperature` or `--num-samples` draws translations from the
+model's distribution instead of searching (`sample`); `--num-samples N`
+writes N lines per input line. The samples depend only on `--seed`, the
+line and its number: a run is reproducible, and resumes exactly.
+
+With `--output`, finished lines go to `OUTPUT.partial` first (`ALIGNMENTS.partial`
+beside it) and the files take their names only when complete. A run that is
+killed can be restarted with the same arguments: it keeps the lines already
+written and continues after them (when the input, model and settings are the
+same; else it starts over).
 """
 
 import contextlib
@@ -25,8 +42,12 @@ import time
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file, prepare_output_file, write_json
+
+# Tokens a sentence may produce beyond its source's (section 6.1), as the export decodes.
+EXTRA_LENGTH = 50
+SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
 
 
 def _progress(total):
@@ -46,84 +67,251 @@ def _identity(version):
     return [os.path.abspath(version), graph.st_size, graph.st_mtime_ns]
 
 
-def _resume_point(partial, state):
-    """Lines of `partial` to keep: those of an earlier run with the same `state`, else 0."""
-    sidecar = f"{partial}.json"
+def _resume_point(partials, state):
+    """Input lines already done in `partials` by an earlier run with the same `state`, else 0.
+
+    Args:
+        partials: list of `(path, lines_per_input)`; the first one's
+            `PATH.json` records the state.
+        state: JSON-able dict, what the lines depend on.
+
+    Returns:
+        int; every partial file is cut to that many inputs' lines.
+    """
+    sidecar = f"{partials[0][0]}.json"
     try:
         with open(sidecar, encoding="utf-8") as handle:
             same = json.load(handle) == state
-        with open(partial, "rb") as handle:
-            data = handle.read()
+        contents = []
+        for path, _ in partials:
+            with open(path, "rb") as handle:
+                contents.append(handle.read())
     except (OSError, ValueError):
-        same, data = False, b""
+        same = False
     if not same:
         # Emptied before the new state is recorded: a kill in between leaves
         # no lines under a state they do not belong to.
-        with open(partial, "wb") as handle:
-            os.fsync(handle.fileno())
+        for path, _ in partials:
+            with open(path, "wb") as handle:
+                os.fsync(handle.fileno())
         write_json(sidecar, state)
         return 0
-    complete = data[: data.rfind(b"\n") + 1]  # a line cut by the kill is redone
-    with open(partial, "r+b") as handle:
-        handle.truncate(len(complete))
-    return complete.count(b"\n")
+    done = min(data.count(b"\n") // per for data, (_, per) in zip(contents, partials, strict=True))
+    for data, (path, per) in zip(contents, partials, strict=True):
+        # Complete inputs only: a line cut by the kill, or an input's lines
+        # written in part, are redone.
+        keep = 0
+        for _ in range(done * per):
+            keep = data.index(b"\n", keep) + 1
+        with open(path, "r+b") as handle:
+            handle.truncate(keep)
+    return done
+
+
+def _read_lines(data):
+    """Lines of `data` bytes, without line endings; a final line break ends the last line."""
+    lines = [line.rstrip(b"\r") for line in data.split(b"\n")]
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _check_settings(args):
+    """Refuses settings that are out of range or do not go together, before any work."""
+    given = {name for name in vars(args) if getattr(args, name) is not None}
+    sampling = bool(given & set(SAMPLING_FLAGS))
+    positive = [("--batch-size", args.batch_size), ("--beam-size", args.beam_size),
+                ("--num-samples", args.num_samples)]  # fmt: skip
+    for flag, value in positive:
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be positive. Received: {value}")
+    if args.sampling_temperature is not None and not args.sampling_temperature > 0:
+        raise ConfigError(
+            f"--sampling-temperature must be positive. Received: {args.sampling_temperature}"
+        )
+    if args.sampling_topk is not None and args.sampling_topk < 0:
+        raise ConfigError(
+            f"--sampling-topk must be 0 (no cut) or positive. Received: {args.sampling_topk}"
+        )
+    if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
+        raise ConfigError(f"--sampling-topp must be in (0, 1]. Received: {args.sampling_topp}")
+    searched = [f"--{name.replace('_', '-')}" for name in ("beam_size", "alpha") if name in given]
+    guided = [
+        f"--{name.replace('_', '-')}" for name in ("prefix_file", "alignments") if name in given
+    ]
+    if sampling and searched + guided:
+        raise ConfigError(
+            f"{(searched + guided)[0]} does not apply to sampling (--sampling-*, --num-samples)"
+        )
+    if args.seed is not None and not sampling:
+        raise ConfigError("--seed applies to sampling only (--sampling-*, --num-samples)")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError(f"--seed must be 0 or positive. Received: {args.seed}")
+    if searched and guided:
+        raise ConfigError(
+            f"{searched[0]} does not apply with {guided[0]}, which searches with the export's "
+            "beam size and length penalty (kt export --beam-size, --alpha)"
+        )
+    return sampling
+
+
+def _check_prefixes(args, version, lines, prefixes, source_name):
+    """Refuses a prefix file of another length, or a prefix longer than its output limit."""
+    if len(prefixes) != len(lines):
+        raise DataError(
+            f"--prefix-file {args.prefix_file} has {len(prefixes)} lines but {source_name} "
+            f"has {len(lines)}"
+        )
+    import sentencepiece
+
+    tokenizer = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(version, "assets", "sentencepiece.model")
+    )
+    for number, (line, prefix) in enumerate(zip(lines, prefixes, strict=True), start=1):
+        if not prefix:
+            continue
+        pieces = len(tokenizer.encode(prefix.decode("utf-8", errors="replace")))
+        limit = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1 + EXTRA_LENGTH
+        if pieces > limit:
+            raise DataError(
+                f"--prefix-file {args.prefix_file}, line {number}: the prefix has {pieces} "
+                f"pieces, more than the {limit} its sentence may produce (its source's pieces, "
+                f"end of sentence included, plus {EXTRA_LENGTH})"
+            )
 
 
 def _translate(args):
-    if args.beam_size < 1 or args.batch_size < 1:
-        raise ConfigError(
-            f"--beam-size and --batch-size must be positive. "
-            f"Received: {args.beam_size}, {args.batch_size}"
-        )
-    if args.input:
-        check_input_file(args.input, "--input")
-    if args.output:
-        prepare_output_file(args.output, "--output")
+    sampling = _check_settings(args)
+    for flag, path in (("--input", args.input), ("--prefix-file", args.prefix_file)):
+        if path:
+            check_input_file(path, flag)
+    for flag, path in (("--output", args.output), ("--alignments", args.alignments)):
+        if path:
+            prepare_output_file(path, flag)
+    if (
+        args.alignments
+        and args.output
+        and os.path.abspath(args.alignments) == os.path.abspath(args.output)
+    ):
+        raise ConfigError(f"--alignments and --output are the same file: {args.output}")
     from pipelines.serving import client  # imports TensorFlow
 
-    version, signature = client.load_signature(args.model)
+    if sampling:
+        name = "sample"
+    elif args.alignments:
+        name = "align"
+    elif args.prefix_file:
+        name = "prefix"
+    elif args.beam_size is None and args.alpha is None:
+        name = "serving_default"
+    else:
+        name = "translate"
+    version, signature = client.load_signature(args.model, name)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     with source:
         data = source.read()
-    lines = [line.rstrip(b"\r") for line in data.split(b"\n")]
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final line break ends the last line
+    lines = _read_lines(data)
+    prefixes, prefix_data = None, b""
+    if args.prefix_file:
+        with open(args.prefix_file, "rb") as handle:
+            prefix_data = handle.read()
+        prefixes = _read_lines(prefix_data)
+        _check_prefixes(args, version, lines, prefixes, f"--input {args.input or 'stdin'}")
+    elif name == "align":
+        prefixes = [b""] * len(lines)
+    samples = args.num_samples or 1
     with contextlib.ExitStack() as stack:
-        done, out = 0, sys.stdout
-        if args.output:
-            partial = f"{args.output}.partial"
+        done, out, alignments = 0, sys.stdout, None
+        if args.output or args.alignments:
             state = {
                 "input_sha256": hashlib.sha256(data).hexdigest(),
+                "prefixes_sha256": hashlib.sha256(prefix_data).hexdigest(),
                 "model": _identity(version),
-                "beam_size": args.beam_size,
-                "alpha": args.alpha,
+                "signature": name,
+                **{key: getattr(args, key) for key in ("beam_size", "alpha", "seed")},
+                **{key: getattr(args, key) for key in SAMPLING_FLAGS},
             }
-            done = _resume_point(partial, state)
+            partials = [(f"{path}.partial", per) for path, per in
+                        ((args.output, samples), (args.alignments, 1)) if path]  # fmt: skip
+            done = _resume_point(partials, state)
             if done:
-                print(f"resuming after {done} lines already in {partial}", file=sys.stderr)
-            out = stack.enter_context(open(partial, "a", encoding="utf-8"))
-        _write_translations(args, signature, lines, done, out)
-    if args.output:
-        os.replace(partial, args.output)
-        os.remove(f"{partial}.json")
+                print(f"resuming after {done} lines already translated", file=sys.stderr)
+            files = [stack.enter_context(open(path, "a", encoding="utf-8")) for path, _ in partials]
+            out = files.pop(0) if args.output else sys.stdout
+            alignments = files.pop(0) if args.alignments else None
+        batches = _batches(args, name, signature, lines, prefixes, done, samples)
+        show = _progress(len(lines)) if len(lines) > args.batch_size else None
+        for end, texts, aligned in batches:
+            _write(out, texts)
+            if alignments is not None:
+                _write(alignments, aligned)
+            if show:
+                show(end)
+    for path in (args.output, args.alignments):
+        if path:
+            os.replace(f"{path}.partial", path)
+    if args.output or args.alignments:
+        os.remove(f"{partials[0][0]}.json")
 
 
-def _write_translations(args, signature, lines, done, out):
-    """Translates `lines[done:]` a batch at a time, writing each batch's lines as it ends."""
+def _write(handle, lines):
+    handle.write("".join(f"{line}\n" for line in lines))
+    handle.flush()
+    if handle is not sys.stdout:
+        os.fsync(handle.fileno())
+
+
+def _batches(args, name, signature, lines, prefixes, done, samples):
+    """Yields `(lines done, output lines, alignment lines)` for each batch after `done`."""
+    import numpy as np
+    import tensorflow as tf
+
     from pipelines.serving import client
 
-    show = _progress(len(lines)) if len(lines) > args.batch_size else None
-    for start in range(done, len(lines), args.batch_size):
-        batch = lines[start : start + args.batch_size]
-        translations, _ = client.translate_lines(
-            signature, batch, args.beam_size, args.alpha, args.batch_size
-        )
-        out.write("".join(f"{line}\n" for line in translations))
-        out.flush()
-        if out is not sys.stdout:
-            os.fsync(out.fileno())
-        if show:
-            show(start + len(batch))
+    batch_size = max(1, args.batch_size // samples)
+    for start in range(done, len(lines), batch_size):
+        batch = lines[start : start + batch_size]
+        end = start + len(batch)
+        if name == "translate":
+            beam_size = 4 if args.beam_size is None else args.beam_size
+            alpha = 0.6 if args.alpha is None else args.alpha
+            texts, _ = client.translate_lines(signature, batch, beam_size, alpha, args.batch_size)
+            yield end, texts, None
+            continue
+        rows = {}
+        if name in ("prefix", "align"):
+            rows["prefixes"] = (prefixes[start:end], tf.string)
+        if name == "sample":
+            count = len(batch) * samples
+            batch = [line for line in batch for _ in range(samples)]
+            seed = 0 if args.seed is None else args.seed
+            seeds = [
+                int(np.random.SeedSequence([seed, line, k]).generate_state(1, np.uint64)[0] >> 1)
+                for line in range(start, end)
+                for k in range(samples)
+            ]  # one stream per line number and sample: independent of batches and resumes
+            rows = {
+                "temperature": ([args.sampling_temperature or 1.0] * count, tf.float32),
+                "top_k": ([args.sampling_topk or 0] * count, tf.int32),
+                "top_p": ([args.sampling_topp or 1.0] * count, tf.float32),
+                "seed": (seeds, tf.int64),
+            }
+        outputs = client.call_in_batches(signature, batch, args.batch_size, rows)
+        texts = [text.decode("utf-8") for text in outputs["translations"]]
+        aligned = None
+        if name == "align":
+            aligned = [
+                client.word_alignments(
+                    [piece.decode("utf-8") for piece in source],
+                    [piece.decode("utf-8") for piece in target],
+                    positions.tolist(),
+                )
+                for source, target, positions in zip(
+                    outputs["source_pieces"], outputs["target_pieces"], outputs["alignments"],
+                    strict=True,
+                )
+            ]  # fmt: skip
+        yield end, texts, aligned
 
 
 def main(argv=None, prog="kt translate"):
@@ -131,11 +319,20 @@ def main(argv=None, prog="kt translate"):
     parser.add_argument("--model", required=True, help="saved_models/NAME or NAME/VERSION")
     parser.add_argument("--input", help="a text file; defaults to stdin")
     parser.add_argument("--output", help="defaults to stdout")
-    parser.add_argument("--beam-size", type=int, default=4, help="1 for greedy search")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    parser.add_argument(
+        "--beam-size", type=int, help="1 for greedy search; defaults to the export's"
+    )
+    parser.add_argument("--alpha", type=float, help="length penalty; defaults to the export's")
     parser.add_argument(
         "--batch-size", type=int, default=1024, help="sentences per call of the SavedModel"
     )
+    parser.add_argument("--prefix-file", help="one target prefix per input line ('' for none)")
+    parser.add_argument("--alignments", help="write word alignments (i-j pairs) to this file")
+    parser.add_argument("--sampling-topk", type=int, help="sample among the k best (0: all)")
+    parser.add_argument("--sampling-topp", type=float, help="sample within this nucleus mass")
+    parser.add_argument("--sampling-temperature", type=float, help="divides log-probabilities")
+    parser.add_argument("--num-samples", type=int, help="samples per input line (lines out)")
+    parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
     return run(_translate, parser.parse_args(argv))
 
 

@@ -34,6 +34,40 @@ def load_signature(path, name="translate"):
         raise ExportError(f"the SavedModel {version} is broken: {reason}") from None
 
 
+def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):
+    """Calls a signature on lines in batches of similar length; outputs come back in input order.
+
+    Args:
+        signature: a SavedModel signature whose `inputs` is string `[None]`.
+        lines: list of bytes, one sentence each.
+        batch_size: int, sentences per call; the SavedModel sorts a call's
+            sentences by length and searches them in chunks.
+        rows: dict of the signature's other batch-major inputs, name ->
+            `(values, dtype)` with one value per line.
+        scalars: dict of inputs shared by every call, name -> tensor.
+
+    Returns:
+        dict, output name -> list with one NumPy value (a row) per line.
+    """
+    rows, scalars = rows or {}, scalars or {}
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    results = {}
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        inputs = {
+            name: tf.constant([values[i] for i in batch], dtype)
+            for name, (values, dtype) in rows.items()
+        }
+        outputs = signature(
+            inputs=tf.constant([lines[i] for i in batch], tf.string), **inputs, **scalars
+        )
+        for name, values in outputs.items():
+            column = results.setdefault(name, [None] * len(lines))
+            for i, value in zip(batch, values.numpy(), strict=True):
+                column[i] = value
+    return results
+
+
 def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
     """Translates byte strings in batches of similar length, returning them in order.
 
@@ -42,23 +76,53 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
         lines: list of bytes, one sentence each.
         beam_size: int, 1 for greedy search.
         alpha: float, length penalty exponent.
-        batch_size: int, sentences per call; the SavedModel sorts a call's
-            sentences by length and searches them in chunks.
+        batch_size: int, sentences per call.
 
     Returns:
         `(translations, scores)`: lists of str and float in input order.
     """
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-    translations, scores = [None] * len(lines), [None] * len(lines)
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
-        outputs = signature(
-            inputs=tf.constant([lines[i] for i in batch], tf.string),
-            beam_size=tf.constant(beam_size, tf.int32),
-            alpha=tf.constant(alpha, tf.float32),
-        )
-        for i, text, score in zip(
-            batch, outputs["translations"].numpy(), outputs["scores"].numpy(), strict=True
-        ):
-            translations[i], scores[i] = text.decode("utf-8"), float(score)
-    return translations, scores
+    scalars = {
+        "beam_size": tf.constant(beam_size, tf.int32),
+        "alpha": tf.constant(alpha, tf.float32),
+    }
+    outputs = call_in_batches(signature, lines, batch_size, scalars=scalars)
+    translations = [text.decode("utf-8") for text in outputs.get("translations", [])]
+    return translations, [float(score) for score in outputs.get("scores", [])]
+
+
+def word_alignments(source_pieces, target_pieces, positions):
+    """Piece alignments of the `align` signature as word pairs `"i-j"`, fast_align's format.
+
+    Words are the whitespace-separated words of the source sentence and of
+    its translation: a SentencePiece piece starting with "\u2581" starts a
+    word, and every other piece belongs to the word before it.
+
+    Args:
+        source_pieces: list of str, the source's pieces ("" past the end).
+        target_pieces: list of str, the translation's pieces ("" past the end).
+        positions: list of int, for each target piece the source piece it
+            aligns to, -1 for none.
+
+    Returns:
+        str, pairs "source_word-target_word" sorted and without repeats,
+        separated by spaces.
+    """
+    source_words, target_words = _word_indices(source_pieces), _word_indices(target_pieces)
+    pairs = {
+        (source_words[position], target_words[j])
+        for j, position in enumerate(positions)
+        if position >= 0 and j < len(target_words) and position < len(source_words)
+    }
+    return " ".join(f"{i}-{j}" for i, j in sorted(pairs))
+
+
+def _word_indices(pieces):
+    """The word index of each piece, up to the first empty one."""
+    indices, word = [], -1
+    for piece in pieces:
+        if not piece:
+            break
+        if piece.startswith("\u2581") or word < 0:
+            word += 1
+        indices.append(word)
+    return indices

@@ -8,6 +8,7 @@ a check that came after the work would fail the case, not pass it late.
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 from pipelines import cli
@@ -64,7 +65,7 @@ CASES = [
      "translate --model {t}/models/m --input {t}/in.en --output {t}/out.de",
      "models/m/2 is broken: it has no saved_model.pb; an older version: --model", ["out.de"]),
     ("translate: beam size",
-     "translate --model {t}/models/m --beam-size 0", "--beam-size and --batch-size", []),
+     "translate --model {t}/models/m --beam-size 0", "--beam-size must be positive", []),
     ("average: output folder cannot be created",
      "average {t}/kept.keras --output {t}/a_file/avg.keras", "--output: cannot create", []),
     ("average: output not .keras",
@@ -175,21 +176,33 @@ class Killed(BaseException):
 
 
 def fake_translator(monkeypatch, calls, die_after=None):
-    """`kt translate` with a SavedModel that upper-cases, optionally dying mid-file."""
+    """`kt translate` with a SavedModel that upper-cases, optionally dying mid-file.
 
-    def translate_lines(signature, lines, beam_size, alpha, batch_size):
+    Sampling appends each row's seed to its line, so that the outputs show
+    which random stream each sample came from.
+    """
+
+    def call_in_batches(signature, lines, batch_size, rows=None, scalars=None):
         if die_after is not None and len(calls) == die_after:
             raise Killed
         calls.append(len(lines))
-        return [line.decode().upper() for line in lines], [0.0] * len(lines)
+        texts = [line.decode().upper() for line in lines]
+        if rows and "seed" in rows:
+            texts = [f"{text} {seed}" for text, seed in zip(texts, rows["seed"][0], strict=True)]
+        outputs = {"translations": [text.encode() for text in texts]}
+        if rows and "prefixes" in rows:  # alignments: each word to itself
+            pieces = [np.array([f"\u2581{w}".encode() for w in line.split()]) for line in texts]
+            outputs["source_pieces"] = outputs["target_pieces"] = pieces
+            outputs["alignments"] = [np.arange(len(words)) for words in pieces]
+        return outputs
 
-    def load_signature(path):
+    def load_signature(path, name):
         graph = pathlib.Path(path, "saved_model.pb")  # the version the output records
         graph.exists() or graph.touch()
-        return path, None
+        return path, name
 
     monkeypatch.setattr(client, "load_signature", load_signature)
-    monkeypatch.setattr(client, "translate_lines", translate_lines)
+    monkeypatch.setattr(client, "call_in_batches", call_in_batches)
 
 
 def test_a_killed_translation_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
@@ -240,6 +253,75 @@ def test_translation_to_stdout_writes_each_batch_as_it_ends(tmp_path, monkeypatc
     with pytest.raises(Killed):
         cli.main(argv + ["--batch-size", "2"])
     assert capsys.readouterr().out == "A\nB\n"
+
+
+def test_a_killed_sampling_run_resumes_to_the_samples_of_an_unbroken_run(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "in.en").write_text("".join(f"line {i}\n" for i in range(7)))
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--num-samples", "2", "--sampling-topk", "5", "--seed", "3",
+            "--batch-size", "4"]  # fmt: skip
+    fake_translator(monkeypatch, [])
+    assert cli.main(argv + ["--output", str(tmp_path / "whole.txt")]) == 0
+    whole = (tmp_path / "whole.txt").read_text().splitlines()
+    assert len(whole) == 14 and whole[0].startswith("LINE 0 ") and whole[2].startswith("LINE 1 ")
+    assert len(set(whole)) == 14  # every sample its own seed
+    calls = []
+    fake_translator(monkeypatch, calls, die_after=2)  # two input lines a call
+    with pytest.raises(Killed):
+        cli.main(argv + ["--output", str(tmp_path / "broken.txt")])
+    with open(tmp_path / "broken.txt.partial", "a") as handle:
+        handle.write("LINE 4 123\n")  # one of line 4's two samples: line 4 is redone
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv + ["--output", str(tmp_path / "broken.txt")]) == 0
+    assert calls == [4, 2] and "resuming after 4 lines" in capsys.readouterr().err
+    assert (tmp_path / "broken.txt").read_text().splitlines() == whole
+
+
+def test_a_killed_run_with_alignments_resumes_both_files(tmp_path, monkeypatch):
+    (tmp_path / "in.en").write_text("a b\nc\nd e f\n")
+    output, alignments = tmp_path / "out.de", tmp_path / "out.align"
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--output", str(output), "--alignments", str(alignments),
+            "--batch-size", "2"]  # fmt: skip
+    fake_translator(monkeypatch, [], die_after=1)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    assert (tmp_path / "out.align.partial").read_text() == "0-0 1-1\n0-0\n"
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv) == 0
+    assert calls == [1]
+    assert output.read_text() == "A B\nC\nD E F\n"
+    assert alignments.read_text() == "0-0 1-1\n0-0\n0-0 1-1 2-2\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.en", "out.align", "out.de", "saved_model.pb"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sampling-topp", "1.5"], "--sampling-topp must be in (0, 1]. Received: 1.5"),
+        (["--sampling-topp", "0"], "--sampling-topp must be in (0, 1]. Received: 0.0"),
+        (["--sampling-topk", "-1"], "--sampling-topk must be 0 (no cut) or positive. Received: -1"),
+        (["--sampling-temperature", "0"], "--sampling-temperature must be positive. Received: 0.0"),
+        (["--num-samples", "0"], "--num-samples must be positive. Received: 0"),
+        (["--seed", "1"], "--seed applies to sampling only (--sampling-*, --num-samples)"),
+        (["--num-samples", "2", "--seed", "-1"], "--seed must be 0 or positive. Received: -1"),
+        (["--num-samples", "2", "--beam-size", "4"],
+         "--beam-size does not apply to sampling (--sampling-*, --num-samples)"),
+        (["--sampling-topk", "2", "--prefix-file", "p.txt"],
+         "--prefix-file does not apply to sampling (--sampling-*, --num-samples)"),
+        (["--alpha", "0.2", "--alignments", "a.txt"],
+         "--alpha does not apply with --alignments, which searches with the export's beam size "
+         "and length penalty (kt export --beam-size, --alpha)"),
+    ],
+)  # fmt: skip
+def test_translate_refuses_bad_or_clashing_decoding_settings(tmp_path, capsys, flags, message):
+    argv = ["translate", "--model", str(tmp_path / "none"), *flags]
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
 
 
 def test_a_truncated_newest_version_is_named_with_an_older_one(files, capsys):

@@ -435,3 +435,83 @@ def test_the_export_carries_warm_up_requests_for_every_signature(exported):
         rows = int(tf.shape(inputs.get("inputs", inputs.get("sources")))[0])
         assert rows > 1
         assert all(int(tf.shape(value)[0]) == rows for value in outputs.values())
+
+
+def test_word_alignments_join_pieces_into_words():
+    from pipelines.serving.client import word_alignments
+
+    source = ["\u2581A", "\u2581dog", "s", "\u2581run", "", ""]
+    target = ["\u2581Hund", "e", "\u2581laufen", ""]
+    assert word_alignments(source, target, [1, 2, 3, -1]) == "1-0 2-1"
+    assert word_alignments(source, target, [-1, -1, 0, -1]) == "0-1"
+    assert word_alignments([""], [""], [-1]) == ""
+
+
+def write_lines(path, lines):
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+def test_translate_command_prefixes_and_alignments_are_the_signatures(
+    exported, served, tmp_path, capsys
+):
+    from pipelines import cli
+    from pipelines.serving.client import word_alignments
+
+    model = os.path.dirname(exported[3])
+    source = write_lines(tmp_path / "in.txt", INPUTS)
+    prefixes = write_lines(tmp_path / "prefixes.txt", [p.encode() for p in served["prefixes"]])
+    output, alignments = tmp_path / "out.txt", tmp_path / "align.txt"
+    argv = ["translate", "--model", model, "--input", source, "--prefix-file", prefixes,
+            "--batch-size", "3"]  # fmt: skip
+    assert cli.main(argv + ["--output", str(output), "--alignments", str(alignments)]) == 0
+    assert output.read_text(encoding="utf-8").splitlines() == served["prefixed"]
+    aligned = served["aligned"]
+    expected = [
+        word_alignments(*rows)
+        for rows in zip(
+            aligned["source_pieces"], aligned["target_pieces"], aligned["alignments"], strict=True
+        )
+    ]
+    assert alignments.read_text().split("\n")[:-1] == expected
+    assert sum(bool(line) for line in expected) >= 4  # pairs for every real sentence
+    for line in expected:
+        for pair in line.split():
+            i, j = map(int, pair.split("-"))
+            assert i >= 0 and j >= 0
+
+    capsys.readouterr()
+    short = write_lines(tmp_path / "short.txt", [b"x"])
+    argv[argv.index(prefixes)] = short
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --prefix-file {short} has 1 lines but --input {source} has {len(INPUTS)}"
+    )
+    long_prefix = write_lines(tmp_path / "long.txt", [b""] * 6 + [b" ".join([b"12.5%"] * 30)])
+    argv[argv.index(short)] = long_prefix
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --prefix-file {long_prefix}, line 7: the prefix has ")
+    limit = len(exported[0].tokenizer.tokenize("12.5%").numpy()) + 1 + 50
+    assert f"more than the {limit} its sentence may produce" in err
+
+
+def test_translate_command_samples_reproducibly(exported, served, tmp_path):
+    from pipelines import cli
+
+    model = os.path.dirname(exported[3])
+    source = write_lines(tmp_path / "in.txt", INPUTS)
+    base = ["translate", "--model", model, "--input", source]
+
+    def sample(name, *flags):
+        assert cli.main(base + ["--output", str(tmp_path / name), *flags]) == 0
+        return (tmp_path / name).read_text(encoding="utf-8").split("\n")[:-1]
+
+    top_1 = sample("top1.txt", "--sampling-topk", "1", "--num-samples", "2")
+    assert top_1 == [text for text in served["greedy"] for _ in range(2)]
+    first = sample("a.txt", "--sampling-temperature", "2", "--num-samples", "3", "--seed", "4")
+    again = sample("b.txt", "--sampling-temperature", "2", "--num-samples", "3", "--seed", "4",
+                   "--batch-size", "4")  # fmt: skip
+    other = sample("c.txt", "--sampling-temperature", "2", "--num-samples", "3", "--seed", "5")
+    assert len(first) == 3 * len(INPUTS) and first == again and first != other
+    assert len(set(first[:3])) == 3  # a line's samples differ from each other

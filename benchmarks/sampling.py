@@ -4,15 +4,18 @@ Usage:
     python benchmarks/sampling.py --run-dir runs/multi30k --multi30k-dir ../shared/data/multi30k
 
 Traces `greedy_search`, `sample` (temperature 1, all tokens) and `sample`
-with `top_p=0.9` as TensorFlow graphs over the run's model and times each on
-the same length-sorted batches of `--batch-size` sources, the three passes
-alternating, the median of `--repeats`. Writes
-benchmarks/results/sampling.json.
+with `top_p=0.9` as TensorFlow graphs over the run's model, exports the run
+as a SavedModel and calls its `translate` signature with beam 1 (greedy) and
+its `sample` signature (per-sentence settings: temperature 1 and all tokens,
+then top_k 10), and times each on the same length-sorted batches of
+`--batch-size` sources, the passes alternating, the median of `--repeats`.
+Writes benchmarks/results/sampling.json.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
@@ -20,6 +23,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     add_parallel_arguments,
+    export_run,
     load_run,
     median,
     read_parallel,
@@ -61,15 +65,42 @@ def main(argv=None):
             lambda s: kt.sample(model, s, top_p=0.9, seed=1)[0], input_signature=signature
         ),
     }
-    for call in passes.values():  # trace
-        call(batches[0])
-    seconds = {name: [] for name in passes}
+    calls = {name: [(call, batch) for batch in batches] for name, call in passes.items()}
+    texts = [
+        tf.constant([sources[i] for i in order[start : start + args.batch_size]])
+        for start in range(0, len(order), args.batch_size)
+    ]
+    loaded = tf.saved_model.load(export_run(args.run_dir, tempfile.mkdtemp()))
+    translate, sample = loaded.signatures["translate"], loaded.signatures["sample"]
+
+    def greedy_request(batch):
+        return translate(inputs=batch, beam_size=tf.constant(1), alpha=tf.constant(0.6))
+
+    def sample_request(top_k):
+        def call(batch):
+            rows = tf.shape(batch)[0]
+            return sample(
+                inputs=batch, temperature=tf.ones([rows]), top_k=tf.fill([rows], top_k),
+                top_p=tf.ones([rows]), seed=tf.range(tf.cast(rows, tf.int64)),
+            )  # fmt: skip
+
+        return call
+
+    requests = {
+        "saved_model_greedy": greedy_request,
+        "saved_model_sample": sample_request(0),
+        "saved_model_sample_top_k_10": sample_request(10),
+    }
+    calls.update({name: [(call, batch) for batch in texts] for name, call in requests.items()})
+    for pairs in calls.values():  # trace, and a first call each
+        pairs[0][0](pairs[0][1])
+    seconds = {name: [] for name in calls}
     for repeat in range(args.repeats):
-        order_of_passes = list(passes) if repeat % 2 == 0 else list(passes)[::-1]
+        order_of_passes = list(calls) if repeat % 2 == 0 else list(calls)[::-1]
         for name in order_of_passes:
             started = time.perf_counter()
-            for batch in batches:
-                passes[name](batch)
+            for call, batch in calls[name]:
+                call(batch)
             seconds[name].append(time.perf_counter() - started)
     rates = {name: len(sources) / median(values) for name, values in seconds.items()}
     write_result(
@@ -83,6 +114,12 @@ def main(argv=None):
             "sentences_per_second": {name: round(rate, 1) for name, rate in rates.items()},
             "sample_over_greedy": round(rates["sample"] / rates["greedy"], 3),
             "top_p_over_greedy": round(rates["sample_top_p_0.9"] / rates["greedy"], 3),
+            "saved_model_sample_over_greedy": round(
+                rates["saved_model_sample"] / rates["saved_model_greedy"], 3
+            ),
+            "saved_model_top_k_over_greedy": round(
+                rates["saved_model_sample_top_k_10"] / rates["saved_model_greedy"], 3
+            ),
         },
         args.output,
     )

@@ -273,8 +273,14 @@ def test_sampling_smoke(tiny_run, tmp_path):
             "--batch-size", "8", "--output", str(output)]  # fmt: skip
     assert sampling.main(argv) == 0
     result = read(output)
-    assert sorted(result["seconds"]) == ["greedy", "sample", "sample_top_p_0.9"]
+    assert sorted(result["seconds"]) == [
+        "greedy", "sample", "sample_top_p_0.9", "saved_model_greedy", "saved_model_sample",
+        "saved_model_sample_top_k_10",
+    ]  # fmt: skip
     rates = result["sentences_per_second"]
     assert result["sample_over_greedy"] == pytest.approx(
         rates["sample"] / rates["greedy"], rel=0.01
+    )
+    assert result["saved_model_top_k_over_greedy"] == pytest.approx(
+        rates["saved_model_sample_top_k_10"] / rates["saved_model_greedy"], rel=0.01
     )

@@ -181,6 +181,24 @@ def test_beam_finds_hypotheses_at_least_as_likely_as_greedy(model, beam_size):
     assert np.all(to_numpy(scores)[:, 0] >= greedy_scores - 1e-5)
 
 
+def test_token_log_probs_are_the_cached_decoders_step_by_step(model):
+    greedy = to_numpy(greedy_search(model, SOURCES, extra_length=EXTRA))  # (B, T)
+    scores, tokens = score_hypotheses(model, SOURCES, greedy, return_token_log_probs=True)
+    scores, tokens = to_numpy(scores), to_numpy(tokens)
+    # The same tokens fed one at a time through the key/value cache.
+    width = greedy.shape[1]
+    state = model.start_decoding(SOURCES, width)
+    previous = np.full((len(SOURCES),), model.bos_id, "int32")
+    for index in range(width):
+        log_probs, state = model.decoding_step(previous, state, index)
+        picked = np.take_along_axis(to_numpy(log_probs), greedy[:, index : index + 1], 1)[:, 0]
+        expected = np.where(greedy[:, index] != PAD, picked, 0.0)
+        np.testing.assert_allclose(tokens[:, index], expected, rtol=1e-4, atol=1e-5)
+        previous = greedy[:, index]
+    np.testing.assert_allclose(tokens.sum(axis=1), scores, rtol=1e-5)
+    assert np.all(tokens[greedy == PAD] == 0.0) and np.all(tokens[greedy != PAD] < 0)
+
+
 def test_decoders_compile_in_a_graph(model):
     """jax.jit (static shapes) and tf.function over unknown batch and length."""
     backend = keras.backend.backend()

@@ -243,7 +243,7 @@ def check_prefix(target_prefix):
     return target_prefix
 
 
-def score_hypotheses(model, source_ids, target_ids, alpha=0.0):
+def score_hypotheses(model, source_ids, target_ids, alpha=0.0, return_token_log_probs=False):
     """Scores given translations under the model, as the decoders score them.
 
     Args:
@@ -252,9 +252,13 @@ def score_hypotheses(model, source_ids, target_ids, alpha=0.0):
         target_ids: int `(B, T)` hypotheses as the decoders return them: tokens,
             then `model.eos_id` (when produced), then `model.pad_id`.
         alpha: float, length penalty exponent.
+        return_token_log_probs: bool, also return each token's log-probability.
 
     Returns:
-        float32 `(B,)` log-probabilities divided by `length_penalty`.
+        float32 `(B,)` log-probabilities divided by `length_penalty`; with
+        `return_token_log_probs`, also float32 `(B, T)` log-probabilities of
+        each target token given the source and the tokens before it (0 at
+        padding; their sum is the score with `alpha=0`).
     """
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     target_ids = ops.convert_to_tensor(target_ids, "int32")
@@ -263,5 +267,8 @@ def score_hypotheses(model, source_ids, target_ids, alpha=0.0):
     log_probs = ops.log_softmax(model((source_ids, inputs)), axis=-1)  # (B, T, V)
     picked = ops.take_along_axis(log_probs, target_ids[..., None], axis=-1)[..., 0]
     real = ops.not_equal(target_ids, model.pad_id)
-    total = ops.sum(ops.where(real, picked, 0.0), axis=1)
-    return total / length_penalty(ops.sum(ops.cast(real, "int32"), axis=1), alpha)
+    picked = ops.where(real, picked, 0.0)  # (B, T)
+    scores = ops.sum(picked, axis=1) / length_penalty(
+        ops.sum(ops.cast(real, "int32"), axis=1), alpha
+    )
+    return (scores, picked) if return_token_log_probs else scores

@@ -98,17 +98,28 @@ def test_filtering_keeps_the_order_and_cuts_what_it_must():
     np.testing.assert_array_equal(kept, [[False, True, False]])
 
 
-def test_per_row_settings_filter_each_row_as_its_own_numbers_do():
-    log_probs = np.log(np.random.RandomState(0).dirichlet(np.ones(9), size=5)).astype("float32")
+@pytest.mark.parametrize(
+    "vocabulary, top_k",
+    [
+        (9, [0, 3, 0, 1, 4]),  # a vocabulary narrower than the partial sort: one full sort
+        (100, [2, 3, 64, 1, 0]),  # every row that cuts keeps at most 64: a partial sort
+        (100, [0, 3, 0, 70, 4]),  # nuclei over the whole vocabulary, a top 70: a full sort
+    ],
+)
+def test_per_row_settings_filter_each_row_as_its_own_numbers_do(vocabulary, top_k):
+    random = np.random.RandomState(vocabulary)
+    log_probs = np.log(random.dirichlet(np.ones(vocabulary), size=5)).astype("float32")
     temperature = np.array([1.0, 0.5, 2.0, 1.0, 0.8], "float32")
-    top_k = np.array([0, 3, 0, 1, 4], "int32")
-    top_p = np.array([1.0, 1.0, 0.6, 0.9, 0.5], "float32")
+    top_k = np.array(top_k, "int32")
+    top_p = np.where(top_k == 0, [1.0, 1.0, 0.6, 0.9, 1.0], [1.0, 1.0, 0.6, 0.9, 0.5])
+    top_p = top_p.astype("float32")
     rows = to_numpy(filter_log_probs(log_probs, temperature, top_k, top_p))
     for row in range(5):
         alone = filter_log_probs(
             log_probs[row : row + 1], float(temperature[row]), int(top_k[row]), float(top_p[row])
         )
         np.testing.assert_allclose(rows[row], to_numpy(alone)[0], rtol=1e-6)
+    assert np.sum(rows > -1e8) < 5 * vocabulary  # something was cut
     untouched = filter_log_probs(log_probs, temperature, np.zeros(5, "int32"), np.ones(5))
     np.testing.assert_allclose(to_numpy(untouched), log_probs / temperature[:, None], rtol=1e-6)
 

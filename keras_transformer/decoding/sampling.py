@@ -60,12 +60,20 @@ def filter_log_probs(log_probs, temperature=1.0, top_k=0, top_p=1.0):
     return logits
 
 
+# Rows whose top-k cut keeps at most this many tokens are filtered from a
+# partial sort of this width instead of a sort of the whole vocabulary.
+PARTIAL_SORT_WIDTH = 64
+
+
 def _filter_rows(log_probs, temperature, top_k, top_p):
     """`filter_log_probs` with settings that are tensors: one value a row, known at run time.
 
-    The same cuts as the Python-number path (ties with the k-th value are
-    kept, the nucleus is taken after the top-k cut), made in sorted order,
-    and skipped at run time when no row asks for one.
+    The same cuts as the Python-number path (the nucleus is taken after the
+    top-k cut), made on the tokens in sorted order: a partial sort of
+    `PARTIAL_SORT_WIDTH` when every row that cuts has a top-k that small (a
+    nucleus inside the top k needs no more), else the whole vocabulary, and
+    none at run time when no row cuts. Tokens tied with the last one kept
+    are kept.
     """
     logits = ops.convert_to_tensor(log_probs, "float32")
     rows, vocabulary = ops.shape(logits)[0], ops.shape(logits)[-1]
@@ -77,20 +85,27 @@ def _filter_rows(log_probs, temperature, top_k, top_p):
         per_row(temperature, "float32"), per_row(top_k, "int32"), per_row(top_p, "float32")
     )  # fmt: skip
     logits = logits / temperature[:, None]
+    cuts = (top_k > 0) | (top_p < 1.0)  # (R,)
 
-    def cut():
-        sorted_logits, order = ops.top_k(logits, vocabulary)  # (R, V), descending
-        k = ops.clip(top_k, 1, vocabulary) - 1
-        kth = ops.take_along_axis(sorted_logits, k[:, None], axis=-1)  # (R, 1)
+    def cut(width):
+        sorted_logits = ops.top_k(logits, width)[0]  # (R, W), descending
+        kth = ops.take_along_axis(sorted_logits, (ops.clip(top_k, 1, width) - 1)[:, None], axis=-1)
         in_top_k = (top_k[:, None] <= 0) | (sorted_logits >= kth)
         sorted_probs = ops.softmax(ops.where(in_top_k, sorted_logits, IMPOSSIBLE), axis=-1)
         before = ops.cumsum(sorted_probs, axis=-1) - sorted_probs
-        keep_sorted = in_top_k & (before < top_p[:, None])  # the first token is always kept
-        keep = ops.take_along_axis(keep_sorted, ops.argsort(order, axis=-1), axis=-1)
-        return ops.where(keep, logits, IMPOSSIBLE)
+        keep = in_top_k & (before < top_p[:, None])  # the first token is always kept
+        # The smallest value kept; rows that do not cut keep everything.
+        threshold = ops.min(ops.where(keep, sorted_logits, float("inf")), axis=-1)
+        threshold = ops.where(cuts, threshold, float("-inf"))
+        return ops.where(logits >= threshold[:, None], logits, IMPOSSIBLE)
 
-    # A full sort every step only when some row filters.
-    return ops.cond(ops.any(top_k > 0) | ops.any(top_p < 1.0), cut, lambda: logits)
+    def filtered():
+        if not isinstance(vocabulary, int) or vocabulary <= PARTIAL_SORT_WIDTH:
+            return cut(vocabulary)
+        small = ops.all(~cuts | ((top_k > 0) & (top_k <= PARTIAL_SORT_WIDTH)))
+        return ops.cond(small, lambda: cut(PARTIAL_SORT_WIDTH), lambda: cut(vocabulary))
+
+    return ops.cond(ops.any(cuts), filtered, lambda: logits)
 
 
 def _inverse_cdf(logits, uniform):

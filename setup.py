@@ -14,6 +14,8 @@ TENSORFLOW = [
     "matplotlib>=3.8",
     # PredictionLog protos for the export's TF Serving warm-up file; the gRPC client.
     "tensorflow-serving-api>=2.21,<2.22",
+    # Penn Treebank reading for the parsing task (BracketParseCorpusReader, Tree).
+    "nltk>=3.8,<4",
 ]
 
 setup(

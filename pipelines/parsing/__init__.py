@@ -1,0 +1,1 @@
+"""English constituency parsing (section 6.3): trees, linearisation and scoring."""

@@ -1,0 +1,103 @@
+"""Treebank reading, cleaning, linearisation and repair."""
+
+import os
+
+import pytest
+from nltk.tree import Tree
+
+from pipelines.parsing.trees import (
+    clean,
+    delinearize,
+    linearize,
+    read_trees,
+    right_branching,
+    to_bracketed,
+    treebank_files,
+)
+
+TREEBANK = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 4, "shared", "data",
+                                        "treebank"))  # fmt: skip
+TREE = Tree.fromstring("(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)))")
+
+
+@pytest.fixture(scope="module")
+def treebank():
+    if not os.path.isdir(TREEBANK):
+        pytest.skip(f"treebank sample not found at {TREEBANK}")
+    return TREEBANK
+
+
+def test_cleaning_removes_empty_elements_function_tags_and_emptied_constituents():
+    raw = Tree.fromstring(
+        "( (S (NP-SBJ-1 (-NONE- *)) (VP (VBD said) (SBAR (-NONE- 0) (S (-NONE- *T*-1)))"
+        " (NP=2 (-LRB- -LRB-) (NN x) (-RRB- -RRB-))) (. .)) )"
+    )
+    assert to_bracketed(clean(raw)) == (
+        "(TOP (S (VP (VBD said) (NP (-LRB- -LRB-) (NN x) (-RRB- -RRB-))) (. .)))"
+    )
+
+
+def test_linearisation_is_depth_first_with_labelled_brackets():
+    assert " ".join(linearize(TREE)) == "(S (NP XX XX )NP (VP XX )VP XX )S"
+    assert " ".join(linearize(TREE, pos_tags=True)) == "(S (NP DT NN )NP (VP VBZ )VP . )S"
+
+
+def test_output_that_is_a_tree_needs_no_repair():
+    tree, repairs = delinearize(linearize(TREE, pos_tags=True), TREE.leaves())
+    assert tree == TREE and repairs == 0
+
+
+@pytest.mark.parametrize(
+    "tokens, expected, repairs",
+    [
+        # A stray closing bracket is dropped.
+        (")S (S (NP XX XX )NP (VP XX )VP XX )S",
+         "(TOP (S (NP (XX The) (XX dog)) (VP (XX barks)) (XX .)))", 1),
+        # Brackets left open are closed (two of them).
+        ("(S (NP XX XX )NP (VP XX XX",
+         "(TOP (S (NP (XX The) (XX dog)) (VP (XX barks) (XX .))))", 2),
+        # Words left over join the root.
+        ("(S (NP XX XX )NP )S",
+         "(TOP (S (NP (XX The) (XX dog))) (XX barks) (XX .))", 1),
+        # Word tokens beyond the words are dropped, and the constituent left empty.
+        ("(S (NP XX XX )NP (VP XX )VP XX (NP XX )NP )S",
+         "(TOP (S (NP (XX The) (XX dog)) (VP (XX barks)) (XX .)))", 2),
+    ],
+)  # fmt: skip
+def test_broken_output_is_repaired_onto_the_words(tokens, expected, repairs):
+    tree, count = delinearize(tokens.split(), TREE.leaves())
+    assert to_bracketed(tree) == expected and count == repairs
+    assert tree.leaves() == TREE.leaves()
+
+
+def test_right_branching_baseline():
+    assert to_bracketed(right_branching(["a", "b", "c"])) == (
+        "(TOP (S (XX a) (S (XX b) (S (XX c)))))"
+    )
+
+
+def test_the_sample_splits_read_and_round_trip(treebank):
+    train, dev = read_trees(treebank, "train"), read_trees(treebank, "dev")
+    assert (len(train), len(dev)) == (3098, 427)
+    assert read_trees(treebank, "test") == []  # kept aside
+    assert max(len(linearize(tree)) for tree in train + dev) == 573
+    for tree in dev:
+        assert tree.label() == "TOP"
+        assert not any(t.label() == "-NONE-" for t in tree.subtrees())
+        rebuilt, repairs = delinearize(linearize(tree, pos_tags=True), tree.leaves())
+        assert rebuilt == tree and repairs == 0
+
+
+def test_the_full_treebank_layout_reads_too(treebank, tmp_path):
+    """parsed/mrg/wsj/SS/wsj_SSNN.mrg, as the LDC distributes it."""
+    folder = tmp_path / "parsed" / "mrg" / "wsj" / "01"
+    folder.mkdir(parents=True)
+    for number in (142, 143):
+        name = f"wsj_0{number}.mrg"
+        (folder / name).symlink_to(os.path.join(treebank, "combined", name))
+    assert treebank_files(str(tmp_path), "dev") == [
+        os.path.join("parsed", "mrg", "wsj", "01", "wsj_0142.mrg"),
+        os.path.join("parsed", "mrg", "wsj", "01", "wsj_0143.mrg"),
+    ]
+    expected = read_trees(treebank, (142, 143))
+    assert read_trees(str(tmp_path), "dev") == expected and len(expected) > 10

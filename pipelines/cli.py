@@ -23,12 +23,13 @@ COMMANDS = {
     "translate": "pipelines.commands.translate",
     "score": "pipelines.commands.score",
     "evaluate": "pipelines.commands.evaluate",
+    "parseval": "pipelines.commands.parseval",
     "attention": "pipelines.commands.attention",
     "ct2-export": "pipelines.commands.ctranslate2_export",
     "demo": "pipelines.commands.demo",
 }
 # Commands that never import TensorFlow (scoring text files).
-WITHOUT_TENSORFLOW = {"evaluate"}
+WITHOUT_TENSORFLOW = {"evaluate", "parseval"}
 
 
 def summary(module_name):

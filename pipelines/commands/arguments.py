@@ -5,7 +5,6 @@ import os
 import sys
 
 from pipelines.errors import ConfigError
-from pipelines.training.config import run_max_length
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -59,6 +58,8 @@ def max_source_length(args):
     Raises:
         ConfigError: when neither gives a length of at least 2.
     """
+    from pipelines.training.config import run_max_length  # imports Keras
+
     length = args.max_source_length
     if length is None:
         run_dir = args.run_dir or os.path.dirname(os.path.abspath(args.model or "model.keras"))

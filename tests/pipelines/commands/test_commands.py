@@ -148,3 +148,18 @@ def test_python_m_pipelines_prints_one_error_line_and_no_tensorflow_logs(tmp_pat
     assert result.returncode == 2
     expected = f"error: model not found: {tmp_path}/model.keras (give --run-dir or"
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(expected)
+
+
+def test_commands_that_score_text_never_import_tensorflow():
+    """`kt evaluate` and `kt parseval` start without TensorFlow's seconds of import."""
+    import subprocess
+    import sys
+
+    from pipelines.cli import COMMANDS, WITHOUT_TENSORFLOW
+
+    modules = ", ".join(COMMANDS[name] for name in sorted(WITHOUT_TENSORFLOW))
+    code = f"import sys, {modules}; print(sorted({{'tensorflow', 'keras'}} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

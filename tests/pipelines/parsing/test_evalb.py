@@ -77,3 +77,47 @@ def test_the_40_word_cut_counts_punctuation_but_not_empty_elements():
 def test_trees_over_other_words_are_refused():
     with pytest.raises(ValueError, match="sentence 2: the test tree's words differ"):
         score([GOLD, GOLD], [GOLD, GOLD.replace("dog", "cat")])
+
+
+def test_parseval_command_scores_files_and_the_baseline(tmp_path, capsys):
+    import json
+
+    from pipelines import cli
+
+    gold = tmp_path / "gold.trees"
+    gold.write_text(f"{GOLD}\n(TOP (S (NP (NNS dogs)) (VP (VBP bark))))\n")
+    trees = tmp_path / "test.trees"
+    trees.write_text(
+        "(TOP (S (NP (DT The)) (VP (NN dog) (VBZ barks)) (. .)))\n"
+        "(TOP (S (NP (NNS dogs)) (VP (VBP bark))))\n"
+    )
+    output = tmp_path / "scores.json"
+    argv = ["parseval", "--trees", str(trees), "--gold", str(gold), "--output", str(output)]
+    assert cli.main(argv) == 0
+    # 1 + 3 matched of 3 + 3 brackets each side.
+    assert json.loads(output.read_text())["all"]["f1"] == 66.67
+    assert "all sentences: 2 sentences, labelled precision 66.67" in capsys.readouterr().out
+    # Right-branching: S 0-3, S 1-3, S 2-3 (the period's S is empty) against NP 0-2, VP 2-3,
+    # S 0-3; S 0-2, S 1-2 against NP 0-1, VP 1-2, S 0-2. 2 of 5 test and 6 gold brackets.
+    assert cli.main(["parseval", "--right-branching", "--gold", str(gold)]) == 0
+    assert "labelled precision 40.00, recall 33.33, F1 36.36" in capsys.readouterr().out
+
+    trees.write_text("(TOP (S (NP (NNS dogs)))\n")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --trees {trees}, line 1: not a bracketed tree")
+    trees.write_text("(TOP (S (NP (NNS dogs)) (VP (VBP bark))))\n")
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --trees {trees} has 1 trees but --gold {gold} has 2"
+    )
+
+
+def test_right_branching_scores_as_computed_by_hand():
+    from pipelines.parsing.trees import right_branching
+
+    gold = read_bracketed("(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks) (ADVP (RB loudly)))))")
+    baseline = right_branching(gold.leaves())
+    # Baseline S 0-4, S 1-4, S 2-4, S 3-4; gold NP 0-2, ADVP 3-4, VP 2-4, S 0-4: one match.
+    result = score_trees([gold], [baseline])["all"]
+    assert (result["precision"], result["recall"]) == (25.0, 25.0)

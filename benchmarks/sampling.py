@@ -3,8 +3,9 @@
 Usage:
     python benchmarks/sampling.py --run-dir runs/multi30k --multi30k-dir ../shared/data/multi30k
 
-Traces `greedy_search`, `sample` (temperature 1, all tokens) and `sample`
-with `top_p=0.9` as TensorFlow graphs over the run's model, exports the run
+Traces `greedy_search`, `sample` (temperature 1, all tokens), `sample`
+with `top_p=0.9` and with `top_k=1` (greedy search's outputs, so its cost a
+step apart from output lengths) as TensorFlow graphs over the run's model, exports the run
 as a SavedModel and calls its `translate` signature with beam 1 (greedy) and
 its `sample` signature (per-sentence settings: temperature 1 and all tokens,
 then top_k 10), and times each on the same length-sorted batches of
@@ -64,6 +65,15 @@ def main(argv=None):
         "sample_top_p_0.9": tf.function(
             lambda s: kt.sample(model, s, top_p=0.9, seed=1)[0], input_signature=signature
         ),
+        # Greedy search's outputs through the sampler: its cost a step, apart from lengths.
+        "sample_top_k_1": tf.function(
+            lambda s: kt.sample(model, s, top_k=1, seed=1)[0], input_signature=signature
+        ),
+    }
+    # Output tokens of each in-process pass: samples may be longer than greedy outputs.
+    output_tokens = {
+        name: sum(int(tf.reduce_sum(tf.cast(call(b) != model.pad_id, tf.int32))) for b in batches)
+        for name, call in passes.items()
     }
     calls = {name: [(call, batch) for batch in batches] for name, call in passes.items()}
     texts = [
@@ -112,7 +122,9 @@ def main(argv=None):
             "batch_size": args.batch_size,
             "seconds": {name: [round(s, 3) for s in values] for name, values in seconds.items()},
             "sentences_per_second": {name: round(rate, 1) for name, rate in rates.items()},
+            "output_tokens": output_tokens,
             "sample_over_greedy": round(rates["sample"] / rates["greedy"], 3),
+            "top_k_1_over_greedy": round(rates["sample_top_k_1"] / rates["greedy"], 3),
             "top_p_over_greedy": round(rates["sample_top_p_0.9"] / rates["greedy"], 3),
             "saved_model_sample_over_greedy": round(
                 rates["saved_model_sample"] / rates["saved_model_greedy"], 3

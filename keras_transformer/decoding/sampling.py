@@ -45,7 +45,9 @@ def filter_log_probs(log_probs, temperature=1.0, top_k=0, top_p=1.0):
     """
     if not all(_is_number(value) for value in (temperature, top_k, top_p)):
         return _filter_rows(log_probs, temperature, top_k, top_p)
-    logits = ops.convert_to_tensor(log_probs, "float32") / temperature
+    logits = ops.convert_to_tensor(log_probs, "float32")
+    if temperature != 1.0:  # a pass over (R, V) saved each step when it is 1
+        logits = logits / temperature
     if top_k:
         k = min(top_k, logits.shape[-1]) if isinstance(logits.shape[-1], int) else top_k
         kth = ops.top_k(logits, k)[0][:, -1:]  # (R, 1)
@@ -109,10 +111,15 @@ def _filter_rows(log_probs, temperature, top_k, top_p):
 
 
 def _inverse_cdf(logits, uniform):
-    """Token ids `(R,)` drawn from `softmax(logits)` `(R, V)` by uniforms `(R,)` in [0, 1)."""
-    probs = ops.softmax(logits, axis=-1)
-    cdf = ops.cumsum(probs, axis=-1)  # (R, V)
-    threshold = ops.expand_dims(uniform * cdf[:, -1], 1)  # rounding: scale to the last value
+    """Token ids `(R,)` drawn from `softmax(logits)` `(R, V)` by uniforms `(R,)` in [0, 1).
+
+    The cumulative weights are left unnormalized (the threshold is scaled to
+    their total instead), which saves softmax's sum and division: this runs
+    over the whole vocabulary every step.
+    """
+    weights = ops.exp(logits - ops.max(logits, axis=-1, keepdims=True))
+    cdf = ops.cumsum(weights, axis=-1)  # (R, V)
+    threshold = ops.expand_dims(uniform * cdf[:, -1], 1)
     ids = ops.sum(ops.cast(cdf <= threshold, "int32"), axis=-1)
     return ops.minimum(ids, ops.shape(logits)[-1] - 1)
 

@@ -274,9 +274,11 @@ def test_sampling_smoke(tiny_run, tmp_path):
     assert sampling.main(argv) == 0
     result = read(output)
     assert sorted(result["seconds"]) == [
-        "greedy", "sample", "sample_top_p_0.9", "saved_model_greedy", "saved_model_sample",
-        "saved_model_sample_top_k_10",
+        "greedy", "sample", "sample_top_k_1", "sample_top_p_0.9", "saved_model_greedy",
+        "saved_model_sample", "saved_model_sample_top_k_10",
     ]  # fmt: skip
+    # top_k 1 samples greedy search's outputs: the same tokens.
+    assert result["output_tokens"]["sample_top_k_1"] == result["output_tokens"]["greedy"]
     rates = result["sentences_per_second"]
     assert result["sample_over_greedy"] == pytest.approx(
         rates["sample"] / rates["greedy"], rel=0.01

@@ -155,44 +155,9 @@ class Translator(tf.Module):
             )
             return {"scores": scores, "lengths": lengths}
 
-        prefixes_spec = tf.TensorSpec([None], tf.string, name="prefixes")
-
-        @tf.function(input_signature=[sentences_spec, prefixes_spec])
-        def prefix(inputs, prefixes):
-            check_rows(inputs, prefixes=prefixes)
-            texts, scores = translate(inputs, beam_size, alpha, 1, prefixes=prefixes)
-            return {"translations": texts[:, 0], "scores": scores[:, 0]}
-
-        @tf.function(input_signature=[sentences_spec, prefixes_spec])
-        def align(inputs, prefixes):
-            check_rows(inputs, prefixes=prefixes)
-            texts, scores, aligned = translate(
-                inputs, beam_size, alpha, 1, prefixes=prefixes, return_alignments=True
-            )
-            return {
-                "translations": texts[:, 0],
-                "scores": scores[:, 0],
-                "alignments": aligned["alignments"][:, 0],
-                "target_pieces": aligned["target_pieces"][:, 0],
-                "source_pieces": aligned["source_pieces"],
-            }
-
-        @tf.function(
-            input_signature=[
-                sentences_spec,
-                tf.TensorSpec([None], tf.float32, name="temperature"),
-                tf.TensorSpec([None], tf.int32, name="top_k"),
-                tf.TensorSpec([None], tf.float32, name="top_p"),
-                tf.TensorSpec([None], tf.int64, name="seed"),
-            ]
+        prefix, align, sample = _guided_signatures(
+            translate, model, self.tokenizer, beam_size, alpha, max_source_length, chunk_size
         )
-        def sample(inputs, temperature, top_k, top_p, seed):
-            texts, scores = sample_strings(
-                model, self.tokenizer, inputs, temperature, top_k, top_p, seed,
-                max_source_length, chunk_size,
-            )  # fmt: skip
-            return {"translations": texts, "scores": scores}
-
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
         self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
         # The tf.Variables the traced signatures read, deduplicated by handle.
@@ -212,6 +177,63 @@ class Translator(tf.Module):
             "align": self.align,
             "sample": self.sample,
         }
+
+
+def _guided_signatures(
+    translate, model, tokenizer, beam_size, alpha, max_source_length, chunk_size
+):
+    """The `prefix`, `align` and `sample` signatures (see the module docstring).
+
+    Args:
+        translate: callable `(sentences, beam_size, alpha, num_hypotheses,
+            **options) -> translate_strings(...)` over the export's model.
+        model, tokenizer: the export's model and tensorflow-text tokenizer.
+        beam_size, alpha: the export's search settings.
+        max_source_length, chunk_size: as `Translator` takes them.
+
+    Returns:
+        three `tf.function`s with input signatures.
+    """
+    sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
+    prefixes_spec = tf.TensorSpec([None], tf.string, name="prefixes")
+
+    @tf.function(input_signature=[sentences_spec, prefixes_spec])
+    def prefix(inputs, prefixes):
+        check_rows(inputs, prefixes=prefixes)
+        texts, scores = translate(inputs, beam_size, alpha, 1, prefixes=prefixes)
+        return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+    @tf.function(input_signature=[sentences_spec, prefixes_spec])
+    def align(inputs, prefixes):
+        check_rows(inputs, prefixes=prefixes)
+        texts, scores, aligned = translate(
+            inputs, beam_size, alpha, 1, prefixes=prefixes, return_alignments=True
+        )
+        return {
+            "translations": texts[:, 0],
+            "scores": scores[:, 0],
+            "alignments": aligned["alignments"][:, 0],
+            "target_pieces": aligned["target_pieces"][:, 0],
+            "source_pieces": aligned["source_pieces"],
+        }
+
+    @tf.function(
+        input_signature=[
+            sentences_spec,
+            tf.TensorSpec([None], tf.float32, name="temperature"),
+            tf.TensorSpec([None], tf.int32, name="top_k"),
+            tf.TensorSpec([None], tf.float32, name="top_p"),
+            tf.TensorSpec([None], tf.int64, name="seed"),
+        ]
+    )
+    def sample(inputs, temperature, top_k, top_p, seed):
+        texts, scores = sample_strings(
+            model, tokenizer, inputs, temperature, top_k, top_p, seed,
+            max_source_length, chunk_size,
+        )  # fmt: skip
+        return {"translations": texts, "scores": scores}
+
+    return prefix, align, sample
 
 
 def check_rows(inputs, **others):

@@ -45,8 +45,6 @@ from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file, prepare_output_file, write_json
 
-# Tokens a sentence may produce beyond its source's (section 6.1), as the export decodes.
-EXTRA_LENGTH = 50
 SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
 
 
@@ -164,6 +162,8 @@ def _check_prefixes(args, version, lines, prefixes, source_name):
         )
     import sentencepiece
 
+    from pipelines.serving.translation import EXTRA_LENGTH  # the limit the export decodes with
+
     tokenizer = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(version, "assets", "sentencepiece.model")
     )
@@ -272,13 +272,12 @@ def _batches(args, name, signature, lines, prefixes, done, samples):
     for start in range(done, len(lines), batch_size):
         batch = lines[start : start + batch_size]
         end = start + len(batch)
+        rows, scalars = {}, {}
         if name == "translate":
-            beam_size = 4 if args.beam_size is None else args.beam_size
-            alpha = 0.6 if args.alpha is None else args.alpha
-            texts, _ = client.translate_lines(signature, batch, beam_size, alpha, args.batch_size)
-            yield end, texts, None
-            continue
-        rows = {}
+            scalars = {
+                "beam_size": tf.constant(4 if args.beam_size is None else args.beam_size),
+                "alpha": tf.constant(0.6 if args.alpha is None else args.alpha, tf.float32),
+            }
         if name in ("prefix", "align"):
             rows["prefixes"] = (prefixes[start:end], tf.string)
         if name == "sample":
@@ -296,7 +295,7 @@ def _batches(args, name, signature, lines, prefixes, done, samples):
                 "top_p": ([args.sampling_topp or 1.0] * count, tf.float32),
                 "seed": (seeds, tf.int64),
             }
-        outputs = client.call_in_batches(signature, batch, args.batch_size, rows)
+        outputs = client.call_in_batches(signature, batch, args.batch_size, rows, scalars)
         texts = [text.decode("utf-8") for text in outputs["translations"]]
         aligned = None
         if name == "align":

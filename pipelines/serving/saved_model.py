@@ -51,6 +51,7 @@ from pipelines.errors import ExportError
 from pipelines.files import staging_folder
 from pipelines.serving.translation import (
     CHUNK_SIZE,
+    check_rows,
     sample_strings,
     score_strings,
     translate_strings,
@@ -234,14 +235,6 @@ def _guided_signatures(
         return {"translations": texts, "scores": scores}
 
     return prefix, align, sample
-
-
-def check_rows(inputs, **others):
-    """Fails a request whose tensors `others` do not have one row per input sentence."""
-    for name, tensor in others.items():
-        tf.debugging.assert_equal(
-            tf.size(tensor), tf.size(inputs), message=f"one {name} row per input sentence"
-        )
 
 
 # Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):

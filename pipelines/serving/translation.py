@@ -50,7 +50,11 @@ def search(
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
         `return_attention`, float32 `(B, N, T, S)` alignments third.
     """
-    options = {"target_prefix": target_prefix, "return_attention": return_attention}
+    options = {
+        "target_prefix": target_prefix,
+        "return_attention": return_attention,
+        "extra_length": EXTRA_LENGTH,
+    }
 
     def greedy():
         results = greedy_search(
@@ -170,7 +174,7 @@ def translate_strings(
         _refuse_rows(
             prefix.row_lengths() > limits,
             "a prefix has more pieces than its sentence's output limit (the source's pieces, "
-            "end of sentence included, plus 50); rows:",
+            f"end of sentence included, plus {EXTRA_LENGTH}); rows:",
         )
     # The widest output and source of any chunk, so that every chunk's
     # alignments can be padded to one width.
@@ -189,7 +193,7 @@ def translate_strings(
         texts = decode(tokenizer, results[0], model.eos_id)
         if not return_alignments:
             return texts, results[1]
-        positions = _alignment_positions(model, source_ids, *results[::2])  # (C, N, T)
+        positions = _alignment_positions(model, source_ids, results[2])  # (C, N, T)
         pad = [[0, 0], [0, 0], [0, target_width - tf.shape(positions)[2]]]
         tokens = tf.pad(results[0], pad, constant_values=model.pad_id)
         return texts, results[1], tokens, tf.pad(positions, pad, constant_values=-1)
@@ -201,7 +205,7 @@ def translate_strings(
     texts, scores, *aligned = by_length_chunks(
         source.row_lengths(), chunk_size, translate_chunk, outputs
     )  # (B, N) each[, (B, N, T) twice]
-    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)  # (B,)
+    empty = _blank(sentences)  # (B,)
     texts, scores = tf.where(empty[:, None], "", texts), tf.where(empty[:, None], 0.0, scores)
     if not return_alignments:
         return texts, scores
@@ -218,6 +222,19 @@ def translate_strings(
         "source_pieces": source_pieces[:, :source_used],
     }
     return texts, scores, alignments
+
+
+def _blank(sentences):
+    """True for each empty or all-space sentence `(B,)`: those translate to ""."""
+    return tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
+
+
+def check_rows(inputs, **others):
+    """Fails a request whose tensors `others` are not shaped like `inputs` `(B,)`, one row each."""
+    for name, tensor in others.items():
+        tf.debugging.assert_equal(
+            tf.shape(tensor), tf.shape(inputs), message=f"one {name} row per input sentence"
+        )
 
 
 def _refuse_rows(bad, message):
@@ -237,8 +254,8 @@ def _pieces_mask(model, token_ids):
     return before_eos & tf.not_equal(token_ids, model.pad_id)
 
 
-def _alignment_positions(model, source_ids, tokens, attention):
-    """For each target token `(C, N, T)`, the source position `attention` `(C, N, T, S)` favours.
+def _alignment_positions(model, source_ids, attention):
+    """The source position `attention` `(C, N, T, S)` favours for each target position: `(C, N, T)`.
 
     -1 where that position is the source's end of sentence (or padding).
     """
@@ -289,10 +306,7 @@ def sample_strings(
         "top_p": tf.convert_to_tensor(top_p, tf.float32),
         "seed": tf.convert_to_tensor(seeds, tf.int64),
     }
-    for name, value in settings.items():
-        tf.debugging.assert_equal(
-            tf.shape(value), tf.shape(sentences), message=f"one {name} per input sentence"
-        )
+    check_rows(sentences, **settings)
     checks = [
         (settings["temperature"] > 0, "temperature must be positive"),
         (settings["top_k"] >= 0, "top_k must be 0 (off) or positive"),
@@ -320,13 +334,13 @@ def sample_strings(
             top_p=tf.gather(settings["top_p"], rows),
             extra_length=EXTRA_LENGTH,
             uniforms=row_uniforms[:, None],
-        )  # fmt: skip  (C, 1, T), (C, 1)
+        )  # (C, 1, T), (C, 1)
         return decode(tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]
 
     texts, scores = by_length_chunks(
         source.row_lengths(), chunk_size, sample_chunk, [(tf.string, [None]), (tf.float32, [None])]
     )
-    empty = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
+    empty = _blank(sentences)
     return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
 
 

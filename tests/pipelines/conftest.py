@@ -21,14 +21,19 @@ except RuntimeError:  # devices already initialized by an earlier test module
     pass
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared")
-MULTI30K = os.path.abspath(os.path.join(SHARED, "data", "multi30k"))
+
+
+def shared_data(name):
+    """`../shared/data/NAME`, or the calling test skipped when it is not there."""
+    path = os.path.abspath(os.path.join(SHARED, "data", name))
+    if not os.path.isdir(path):
+        pytest.skip(f"{name} not found at {path}")
+    return path
 
 
 @pytest.fixture
 def multi30k_dir():
-    if not os.path.isdir(MULTI30K):
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    return MULTI30K
+    return shared_data("multi30k")
 
 
 def two_cpus():

@@ -1,5 +1,4 @@
 import collections
-import os
 
 import numpy as np
 import pytest
@@ -56,11 +55,9 @@ def multi30k(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def multi30k_dir():
-    from tests.pipelines.conftest import MULTI30K
+    from tests.pipelines.conftest import shared_data
 
-    if not os.path.isdir(MULTI30K):
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    return MULTI30K
+    return shared_data("multi30k")
 
 
 def test_bucket_bounds():

@@ -14,17 +14,14 @@ from pipelines.parsing.trees import (
     to_bracketed,
     treebank_files,
 )
+from tests.pipelines.conftest import shared_data
 
-TREEBANK = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 4, "shared", "data",
-                                        "treebank"))  # fmt: skip
 TREE = Tree.fromstring("(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)))")
 
 
 @pytest.fixture(scope="module")
 def treebank():
-    if not os.path.isdir(TREEBANK):
-        pytest.skip(f"treebank sample not found at {TREEBANK}")
-    return TREEBANK
+    return shared_data("treebank")
 
 
 def test_cleaning_removes_empty_elements_function_tags_and_emptied_constituents():

@@ -78,7 +78,7 @@ def load_run(run_dir):
     import keras
 
     import keras_transformer  # noqa: F401  registers the model classes
-    from pipelines.training.config import run_max_length
+    from pipelines.training.recorded import run_max_length
 
     model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))
     return model, run_max_length(run_dir)

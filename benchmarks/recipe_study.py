@@ -44,7 +44,7 @@ def val_set(run_dir, multi30k_dir):
     """`(tokenizer, max_length, pairs)`: what translating Multi30k val with a run needs."""
     from pipelines.data import tokenizer
     from pipelines.data.corpus import load_multi30k
-    from pipelines.training.config import run_max_length
+    from pipelines.training.recorded import run_max_length
 
     max_length = run_max_length(run_dir)
     tok = tokenizer.load_tokenizer(os.path.join(run_dir, "sentencepiece.model"))

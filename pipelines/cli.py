@@ -23,6 +23,7 @@ COMMANDS = {
     "translate": "pipelines.commands.translate",
     "score": "pipelines.commands.score",
     "evaluate": "pipelines.commands.evaluate",
+    "parse": "pipelines.commands.parse",
     "parseval": "pipelines.commands.parseval",
     "attention": "pipelines.commands.attention",
     "ct2-export": "pipelines.commands.ctranslate2_export",

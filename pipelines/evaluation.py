@@ -10,7 +10,14 @@ from pipelines.errors import DataError
 
 
 def translate(
-    model, tokenizer, sentences, batch_size=1024, max_source_length=None, beam_size=1, alpha=0.0
+    model,
+    tokenizer,
+    sentences,
+    batch_size=1024,
+    max_source_length=None,
+    beam_size=1,
+    alpha=0.0,
+    extra_length=None,
 ):
     """Translations of a list of sentences, in order (greedy unless `beam_size` > 1).
 
@@ -23,6 +30,8 @@ def translate(
         max_source_length: int or None, longest source kept (in tokens, EOS included).
         beam_size: int, 1 for greedy search.
         alpha: float, beam search's length penalty exponent.
+        extra_length: int or None, target pieces beyond the source pieces
+            (None: translation's 50).
 
     Returns:
         list of str, one translation per sentence.
@@ -30,12 +39,20 @@ def translate(
     # Imported here: scoring files (`kt evaluate`) needs no TensorFlow.
     import tensorflow as tf
 
-    from pipelines.serving.translation import translate_strings
+    from pipelines.serving.translation import EXTRA_LENGTH, translate_strings
+
+    options = {"extra_length": extra_length or EXTRA_LENGTH}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
         texts, _ = translate_strings(
-            model, tokenizer, batch, beam_size, alpha, max_source_length=max_source_length
+            model,
+            tokenizer,
+            batch,
+            beam_size,
+            alpha,
+            max_source_length=max_source_length,
+            **options,
         )
         return texts[:, 0]
 

@@ -58,7 +58,7 @@ def max_source_length(args):
     Raises:
         ConfigError: when neither gives a length of at least 2.
     """
-    from pipelines.training.config import run_max_length  # imports Keras
+    from pipelines.training.recorded import run_max_length  # imports Keras
 
     length = args.max_source_length
     if length is None:

@@ -28,9 +28,16 @@ def _parse(argv, prog):
     parser.add_argument("--name", default="translator", help="model name (folder under --base)")
     parser.add_argument("--base", default="saved_models", help="where model folders live")
     parser.add_argument("--version", type=int, help="defaults to the next free integer")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--nbest", type=int, default=4, help="hypotheses returned by `nbest`")
+    parser.add_argument("--beam-size", type=int, help="defaults to the run's (decoding group)")
+    parser.add_argument("--alpha", type=float, help="defaults to the run's")
+    parser.add_argument(
+        "--extra-length",
+        type=int,
+        help="target pieces beyond a sentence's source pieces; defaults to the run's",
+    )
+    parser.add_argument(
+        "--nbest", type=int, help="hypotheses returned by `nbest` (default: up to 4)"
+    )
     parser.add_argument(
         "--chunk-size",
         type=int,
@@ -43,12 +50,22 @@ def _parse(argv, prog):
 def _export(args):
     model_path, spm_path = run_files(args)
     max_length = max_source_length(args)
+    from pipelines.training.recorded import run_decoding
+
+    recorded = run_decoding(args.run_dir or os.path.dirname(os.path.abspath(model_path)))
+    for name, value in recorded.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.extra_length < 1:
+        raise ConfigError(f"--extra-length must be positive. Received: {args.extra_length}")
+    if args.beam_size < 1:
+        raise ConfigError(f"--beam-size must be positive. Received: {args.beam_size}")
+    if args.nbest is None:
+        args.nbest = min(4, args.beam_size)
     if not 1 <= args.nbest <= args.beam_size:
         raise ConfigError(f"--nbest must be between 1 and --beam-size ({args.beam_size})")
     if args.chunk_size < 1:
         raise ConfigError(f"--chunk-size must be positive. Received: {args.chunk_size}")
-    if args.beam_size < 1:
-        raise ConfigError(f"--beam-size must be positive. Received: {args.beam_size}")
     base_dir = os.path.join(args.base, args.name)
     check_version(base_dir, args.version)
     prepare_output_folder(base_dir, "--base/--name")
@@ -63,6 +80,7 @@ def _export(args):
         args.alpha,
         args.nbest,
         args.chunk_size,
+        args.extra_length,
     )
     print(export(translator, base_dir, args.version))
 

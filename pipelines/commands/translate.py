@@ -35,15 +35,20 @@ same; else it starts over).
 
 import contextlib
 import hashlib
-import json
 import os
 import sys
 import time
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
+from pipelines.commands.resumable import (
+    export_identity,
+    read_input_lines,
+    resume_point,
+    write_lines,
+)
 from pipelines.errors import ConfigError, DataError
-from pipelines.files import check_input_file, prepare_output_file, write_json
+from pipelines.files import check_input_file, prepare_output_file
 
 SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
 
@@ -57,61 +62,6 @@ def _progress(total):
         print(f"translated {done}/{total} sentences ({rate:.1f}/s)", end=end, file=sys.stderr)
 
     return report
-
-
-def _identity(version):
-    """A SavedModel version folder's path and its graph file's size and time."""
-    graph = os.stat(os.path.join(version, "saved_model.pb"))
-    return [os.path.abspath(version), graph.st_size, graph.st_mtime_ns]
-
-
-def _resume_point(partials, state):
-    """Input lines already done in `partials` by an earlier run with the same `state`, else 0.
-
-    Args:
-        partials: list of `(path, lines_per_input)`; the first one's
-            `PATH.json` records the state.
-        state: JSON-able dict, what the lines depend on.
-
-    Returns:
-        int; every partial file is cut to that many inputs' lines.
-    """
-    sidecar = f"{partials[0][0]}.json"
-    try:
-        with open(sidecar, encoding="utf-8") as handle:
-            same = json.load(handle) == state
-        contents = []
-        for path, _ in partials:
-            with open(path, "rb") as handle:
-                contents.append(handle.read())
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        # Emptied before the new state is recorded: a kill in between leaves
-        # no lines under a state they do not belong to.
-        for path, _ in partials:
-            with open(path, "wb") as handle:
-                os.fsync(handle.fileno())
-        write_json(sidecar, state)
-        return 0
-    done = min(data.count(b"\n") // per for data, (_, per) in zip(contents, partials, strict=True))
-    for data, (path, per) in zip(contents, partials, strict=True):
-        # Complete inputs only: a line cut by the kill, or an input's lines
-        # written in part, are redone.
-        keep = 0
-        for _ in range(done * per):
-            keep = data.index(b"\n", keep) + 1
-        with open(path, "r+b") as handle:
-            handle.truncate(keep)
-    return done
-
-
-def _read_lines(data):
-    """Lines of `data` bytes, without line endings; a final line break ends the last line."""
-    lines = [line.rstrip(b"\r") for line in data.split(b"\n")]
-    if lines and lines[-1] == b"":
-        lines.pop()
-    return lines
 
 
 def _check_settings(args):
@@ -153,7 +103,7 @@ def _check_settings(args):
     return sampling
 
 
-def _check_prefixes(args, version, lines, prefixes, source_name):
+def _check_prefixes(args, version, lines, prefixes, source_name, extra_length):
     """Refuses a prefix file of another length, or a prefix longer than its output limit."""
     if len(prefixes) != len(lines):
         raise DataError(
@@ -162,8 +112,6 @@ def _check_prefixes(args, version, lines, prefixes, source_name):
         )
     import sentencepiece
 
-    from pipelines.serving.translation import EXTRA_LENGTH  # the limit the export decodes with
-
     tokenizer = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(version, "assets", "sentencepiece.model")
     )
@@ -171,12 +119,12 @@ def _check_prefixes(args, version, lines, prefixes, source_name):
         if not prefix:
             continue
         pieces = len(tokenizer.encode(prefix.decode("utf-8", errors="replace")))
-        limit = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1 + EXTRA_LENGTH
+        limit = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1 + extra_length
         if pieces > limit:
             raise DataError(
                 f"--prefix-file {args.prefix_file}, line {number}: the prefix has {pieces} "
                 f"pieces, more than the {limit} its sentence may produce (its source's pieces, "
-                f"end of sentence included, plus {EXTRA_LENGTH})"
+                f"end of sentence included, plus {extra_length})"
             )
 
 
@@ -210,13 +158,16 @@ def _translate(args):
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     with source:
         data = source.read()
-    lines = _read_lines(data)
+    lines = read_input_lines(data)
     prefixes, prefix_data = None, b""
     if args.prefix_file:
         with open(args.prefix_file, "rb") as handle:
             prefix_data = handle.read()
-        prefixes = _read_lines(prefix_data)
-        _check_prefixes(args, version, lines, prefixes, f"--input {args.input or 'stdin'}")
+        prefixes = read_input_lines(prefix_data)
+        _check_prefixes(
+            args, version, lines, prefixes, f"--input {args.input or 'stdin'}",
+            signature.extra_length,
+        )  # fmt: skip
     elif name == "align":
         prefixes = [b""] * len(lines)
     samples = args.num_samples or 1
@@ -226,14 +177,14 @@ def _translate(args):
             state = {
                 "input_sha256": hashlib.sha256(data).hexdigest(),
                 "prefixes_sha256": hashlib.sha256(prefix_data).hexdigest(),
-                "model": _identity(version),
+                "model": export_identity(version),
                 "signature": name,
                 **{key: getattr(args, key) for key in ("beam_size", "alpha", "seed")},
                 **{key: getattr(args, key) for key in SAMPLING_FLAGS},
             }
             partials = [(f"{path}.partial", per) for path, per in
                         ((args.output, samples), (args.alignments, 1)) if path]  # fmt: skip
-            done = _resume_point(partials, state)
+            done = resume_point(partials, state)
             if done:
                 print(f"resuming after {done} lines already translated", file=sys.stderr)
             files = [stack.enter_context(open(path, "a", encoding="utf-8")) for path, _ in partials]
@@ -242,9 +193,9 @@ def _translate(args):
         batches = _batches(args, name, signature, lines, prefixes, done, samples)
         show = _progress(len(lines)) if len(lines) > args.batch_size else None
         for end, texts, aligned in batches:
-            _write(out, texts)
+            write_lines(out, texts)
             if alignments is not None:
-                _write(alignments, aligned)
+                write_lines(alignments, aligned)
             if show:
                 show(end)
     for path in (args.output, args.alignments):
@@ -252,13 +203,6 @@ def _translate(args):
             os.replace(f"{path}.partial", path)
     if args.output or args.alignments:
         os.remove(f"{partials[0][0]}.json")
-
-
-def _write(handle, lines):
-    handle.write("".join(f"{line}\n" for line in lines))
-    handle.flush()
-    if handle is not sys.stdout:
-        os.fsync(handle.fileno())
 
 
 def _batches(args, name, signature, lines, prefixes, done, samples):

@@ -19,6 +19,8 @@ from pipelines.errors import DataError
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 # The same ids as SentencePiece's trainer options: the vocabulary reserves them.
 _SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+# SentencePiece's mark of a word's start (U+2581).
+WORD_MARK = "\u2581"
 
 
 def train_sentencepiece(
@@ -30,6 +32,7 @@ def train_sentencepiece(
     split_digits=True,
     max_sentences=2_000_000,
     seed=0,
+    whole_tokens=(),
 ):
     """Trains a SentencePiece model on an iterable of sentences.
 
@@ -43,6 +46,9 @@ def train_sentencepiece(
         split_digits: bool, every digit is a piece of its own.
         max_sentences: int, sentences sampled for training at most.
         seed: int, sampling seed.
+        whole_tokens: iterable of str, tokens kept as one piece each where
+            they stand as a word (a closed target vocabulary such as a
+            linearised tree's `(NP`, `)NP`, `XX`).
 
     Returns:
         str, `model_path`.
@@ -63,6 +69,9 @@ def train_sentencepiece(
             input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
             minloglevel=2,
+            # With the word-boundary mark: `▁(NP` is one piece where `(NP`
+            # alone would leave a `▁` piece before every token.
+            user_defined_symbols=[WORD_MARK + token for token in sorted(set(whole_tokens))],
             **_SPECIAL_IDS,
         )
     except RuntimeError as error:

@@ -12,12 +12,18 @@ import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedM
 from pipelines.errors import ExportError
 from pipelines.serving.versions import broken_version_message, resolve_version
 
+# Target pieces a sentence may produce beyond its source pieces by default
+# (section 6.1: input length + 50); an export records its own.
+EXTRA_LENGTH = 50
+
 
 def load_signature(path, name="translate"):
     """The signature `name` of the SavedModel at `path` (a version or model folder).
 
     Returns:
-        `(version_folder, signature)`.
+        `(version_folder, signature)`; the signature's `extra_length`
+        attribute is the export's output limit beyond the source pieces
+        (50 for exports older than the attribute).
 
     Raises:
         ExportError: naming the version folder that does not load and, when
@@ -25,7 +31,11 @@ def load_signature(path, name="translate"):
     """
     version = resolve_version(path)
     try:
-        return version, tf.saved_model.load(version).signatures[name]
+        loaded = tf.saved_model.load(version)
+        signature = loaded.signatures[name]
+        limit = getattr(loaded, "extra_length", None)
+        signature.extra_length = EXTRA_LENGTH if limit is None else int(limit.numpy())
+        return version, signature
     except (OSError, ValueError, KeyError, tf.errors.OpError) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error)
         base, number = os.path.split(os.path.normpath(version))

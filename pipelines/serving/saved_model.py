@@ -51,6 +51,7 @@ from pipelines.errors import ExportError
 from pipelines.files import staging_folder
 from pipelines.serving.translation import (
     CHUNK_SIZE,
+    EXTRA_LENGTH,
     check_rows,
     sample_strings,
     score_strings,
@@ -85,6 +86,8 @@ class Translator(tf.Module):
         alpha: float, length penalty exponent of `serving_default` and `nbest`.
         num_hypotheses: int, hypotheses per sentence returned by `nbest`.
         chunk_size: int, the most sentences searched at once.
+        extra_length: int, target pieces a sentence may produce beyond its
+            source pieces (end of sentence included).
     """
 
     def __init__(
@@ -96,8 +99,11 @@ class Translator(tf.Module):
         alpha=0.6,
         num_hypotheses=4,
         chunk_size=CHUNK_SIZE,
+        extra_length=EXTRA_LENGTH,
     ):
         super().__init__(name="translator")
+        # For clients that check prefixes first (`kt translate --prefix-file`).
+        self.extra_length = tf.Variable(extra_length, dtype=tf.int32, trainable=False)
         check_special_ids(model, sentencepiece_path)
         # The file ships in the SavedModel's assets/ for users and other
         # runtimes; tf-text's tokenizer op takes the proto as an attribute, so
@@ -116,6 +122,7 @@ class Translator(tf.Module):
                 num_hypotheses=num_hypotheses,
                 max_source_length=max_source_length,
                 chunk_size=chunk_size,
+                extra_length=extra_length,
                 **options,
             )
 
@@ -157,16 +164,12 @@ class Translator(tf.Module):
             return {"scores": scores, "lengths": lengths}
 
         prefix, align, sample = _guided_signatures(
-            translate, model, self.tokenizer, beam_size, alpha, max_source_length, chunk_size
-        )
+            translate, model, self.tokenizer, beam_size, alpha,
+            (max_source_length, chunk_size, extra_length),
+        )  # fmt: skip
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
         self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
-        # The tf.Variables the traced signatures read, deduplicated by handle.
-        captured = {}
-        for function in self.signatures().values():
-            for variable in function.get_concrete_function().variables:
-                captured.setdefault(id(variable), variable)
-        self.model_variables = list(captured.values())
+        self.model_variables = _captured_variables(self.signatures().values())
 
     def signatures(self):
         return {
@@ -180,9 +183,16 @@ class Translator(tf.Module):
         }
 
 
-def _guided_signatures(
-    translate, model, tokenizer, beam_size, alpha, max_source_length, chunk_size
-):
+def _captured_variables(functions):
+    """The tf.Variables traced `tf.function`s read, deduplicated by handle (list)."""
+    captured = {}
+    for function in functions:
+        for variable in function.get_concrete_function().variables:
+            captured.setdefault(id(variable), variable)
+    return list(captured.values())
+
+
+def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
     """The `prefix`, `align` and `sample` signatures (see the module docstring).
 
     Args:
@@ -190,7 +200,8 @@ def _guided_signatures(
             **options) -> translate_strings(...)` over the export's model.
         model, tokenizer: the export's model and tensorflow-text tokenizer.
         beam_size, alpha: the export's search settings.
-        max_source_length, chunk_size: as `Translator` takes them.
+        limits: `(max_source_length, chunk_size, extra_length)`, as
+            `Translator` takes them.
 
     Returns:
         three `tf.function`s with input signatures.
@@ -228,9 +239,10 @@ def _guided_signatures(
         ]
     )
     def sample(inputs, temperature, top_k, top_p, seed):
+        max_source_length, chunk_size, extra_length = limits
         texts, scores = sample_strings(
             model, tokenizer, inputs, temperature, top_k, top_p, seed,
-            max_source_length, chunk_size,
+            max_source_length, chunk_size, extra_length,
         )  # fmt: skip
         return {"translations": texts, "scores": scores}
 

@@ -12,13 +12,12 @@ holds, and sentences of similar length share a chunk.
 import tensorflow as tf
 
 from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
+from pipelines.serving.client import EXTRA_LENGTH
 
 # Sentences searched together: enough rows for each step's matrix products to
 # pay for its fixed costs, few enough that one chunk's caches stay small
 # (chosen on Multi30k val; the comparison is in benchmarks/README.md).
 CHUNK_SIZE = 128
-# Target tokens a sentence may produce beyond its source length (section 6.1).
-EXTRA_LENGTH = 50
 
 
 def search(
@@ -31,6 +30,7 @@ def search(
     early_stop=False,
     target_prefix=None,
     return_attention=False,
+    extra_length=EXTRA_LENGTH,
 ):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
@@ -45,6 +45,7 @@ def search(
         target_prefix: int32 `(B, P)` forced first tokens padded with
             `model.pad_id`, or None.
         return_attention: bool, also return alignments.
+        extra_length: int, target tokens beyond the source length.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
@@ -53,7 +54,7 @@ def search(
     options = {
         "target_prefix": target_prefix,
         "return_attention": return_attention,
-        "extra_length": EXTRA_LENGTH,
+        "extra_length": extra_length,
     }
 
     def greedy():
@@ -131,6 +132,7 @@ def translate_strings(
     early_stop=False,
     prefixes=None,
     return_alignments=False,
+    extra_length=EXTRA_LENGTH,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -152,8 +154,11 @@ def translate_strings(
         prefixes: string `(B,)` or None: each translation starts with its
             prefix's pieces ("" for none), forced and scored (`target_prefix`
             of the searches). A prefix may hold at most the sentence's output
-            limit of pieces (its source pieces, EOS included, plus 50).
+            limit of pieces (its source pieces, EOS included, plus
+            `extra_length`).
         return_alignments: bool, also return alignments (see Returns).
+        extra_length: int, target pieces a sentence may produce beyond its
+            source pieces (EOS included).
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
@@ -170,16 +175,16 @@ def translate_strings(
     prefix = None
     if prefixes is not None:
         prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
-        limits = source.row_lengths() + EXTRA_LENGTH
+        limits = source.row_lengths() + extra_length
         _refuse_rows(
             prefix.row_lengths() > limits,
             "a prefix has more pieces than its sentence's output limit (the source's pieces, "
-            f"end of sentence included, plus {EXTRA_LENGTH}); rows:",
+            f"end of sentence included, plus {extra_length}); rows:",
         )
     # The widest output and source of any chunk, so that every chunk's
     # alignments can be padded to one width.
     source_width = tf.cast(_most(source.row_lengths()), tf.int32)
-    target_width = source_width + EXTRA_LENGTH
+    target_width = source_width + extra_length
 
     def translate_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
@@ -187,7 +192,7 @@ def translate_strings(
         if prefix is not None:  # one pad column at least: prefixes may all be empty
             target_prefix = tf.gather(prefix, rows).to_tensor(model.pad_id)  # (C, P)
             target_prefix = tf.pad(target_prefix, [[0, 0], [0, 1]], constant_values=model.pad_id)
-        options = (use_cache, early_stop, target_prefix, return_alignments)
+        options = (use_cache, early_stop, target_prefix, return_alignments, extra_length)
         # (C, N, T), (C, N)[, (C, N, T, S)]
         results = search(model, source_ids, beam_size, alpha, num_hypotheses, *options)
         texts = decode(tokenizer, results[0], model.eos_id)
@@ -275,6 +280,7 @@ def sample_strings(
     seeds,
     max_source_length=None,
     chunk_size=CHUNK_SIZE,
+    extra_length=EXTRA_LENGTH,
 ):
     """One sample a sentence, drawn in the graph with each sentence's own settings and seed.
 
@@ -294,6 +300,7 @@ def sample_strings(
         seeds: int64 `(B,)`.
         max_source_length: int or None, source ids kept (EOS included).
         chunk_size: int, the most sentences sampled at once.
+        extra_length: int, target pieces beyond the source pieces.
 
     Returns:
         `(texts, scores)`: string `(B,)` and float32 `(B,)` log-probabilities
@@ -318,7 +325,7 @@ def sample_strings(
 
     def sample_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
-        width = tf.shape(source_ids)[1] + EXTRA_LENGTH
+        width = tf.shape(source_ids)[1] + extra_length
 
         def uniforms(seed):  # a prefix of one stream per seed, whatever the width
             return tf.random.stateless_uniform([width], tf.stack([seed, tf.constant(0, tf.int64)]))
@@ -332,7 +339,7 @@ def sample_strings(
             temperature=tf.gather(settings["temperature"], rows),
             top_k=tf.gather(settings["top_k"], rows),
             top_p=tf.gather(settings["top_p"], rows),
-            extra_length=EXTRA_LENGTH,
+            extra_length=extra_length,
             uniforms=row_uniforms[:, None],
         )  # (C, 1, T), (C, 1)
         return decode(tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]

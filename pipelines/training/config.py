@@ -26,7 +26,7 @@ from keras_transformer.models.presets import PRESETS
 from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file
 
-CORPORA = ("default", "multi30k", "files", "tfds")
+CORPORA = ("default", "multi30k", "files", "tfds", "ptb")
 MODEL_SIZES = ("num_layers", "hidden_dim", "intermediate_dim", "num_heads")
 
 
@@ -65,6 +65,8 @@ class DataConfig:
     default_corpus_sizes: list[int] = setting(
         [20000, 500, 500], "train, validation, test sizes of the default corpus", low=1, nargs=3
     )
+    treebank_dir: str | None = setting(None, "folder of Penn Treebank wsj_NNNN.mrg files (ptb)")
+    treebank_pos_tags: bool = setting(False, "ptb targets keep POS tags, not the XX placeholder")
 
 
 @dataclasses.dataclass
@@ -80,6 +82,9 @@ class BatchingConfig:
         0.0, "BPE-dropout: probability of skipping a merge (0: off)", low=0.0, below=1.0
     )
     subword_copies: int = setting(4, "sampled segmentations of the corpus made", low=1)
+    whole_target_tokens: bool = setting(
+        False, "each distinct space-separated target token is one piece (closed vocabularies)"
+    )
 
 
 @dataclasses.dataclass
@@ -144,6 +149,17 @@ class OutputConfig:
     average_last: int = setting(1, "epoch checkpoints averaged into model.keras", low=1)
 
 
+@dataclasses.dataclass
+class DecodingConfig:
+    """The search the run's evaluation and export use by default (`kt export` reads these)."""
+
+    beam_size: int = setting(4, "beam size of the export's search (1: greedy)", low=1)
+    alpha: float = setting(0.6, "length penalty exponent of the export's search", low=0.0)
+    extra_length: int = setting(
+        50, "target pieces a sentence may produce beyond its source pieces", low=1
+    )
+
+
 GROUPS = {
     "data": DataConfig,
     "batching": BatchingConfig,
@@ -151,6 +167,7 @@ GROUPS = {
     "optimization": OptimizationConfig,
     "budget": BudgetConfig,
     "output": OutputConfig,
+    "decoding": DecodingConfig,
 }
 
 
@@ -164,6 +181,7 @@ class TrainConfig:
     optimization: OptimizationConfig = dataclasses.field(default_factory=OptimizationConfig)
     budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+    decoding: DecodingConfig = dataclasses.field(default_factory=DecodingConfig)
 
     def model_arguments(self, vocabulary_size, special_ids=None):
         """Arguments for `Transformer(**arguments)`: the preset's, then those set.
@@ -319,6 +337,8 @@ def validate(config):
         raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
     if data.corpus == "tfds" and not data.tfds_name:
         raise ConfigError("corpus 'tfds' needs tfds_name (--tfds-name NAME)")
+    if data.corpus == "ptb" and not data.treebank_dir:
+        raise ConfigError("corpus 'ptb' needs treebank_dir (--treebank-dir)")
     arguments = config.model_arguments(config.batching.vocabulary_size)
     missing = [name for name in MODEL_SIZES if name not in arguments]
     if missing:
@@ -362,6 +382,8 @@ def check_paths(config):
     data = config.data
     if data.corpus == "multi30k" and not os.path.isdir(data.multi30k_dir):
         raise DataError(f"multi30k_dir: Multi30k folder not found: {data.multi30k_dir}")
+    if data.corpus == "ptb" and not os.path.isdir(data.treebank_dir):
+        raise DataError(f"treebank_dir: treebank folder not found: {data.treebank_dir}")
     if data.corpus == "files":
         for name in ("train_files", "validation_files"):
             for path in getattr(data, name) or []:
@@ -439,20 +461,6 @@ def load_config(recipe="default", config_file=None, settings=None):
             raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
         config = _apply(config, flatten(values, config_file), config_file)
     return validate(_apply(config, flatten(settings or {}, "--set"), "--set"))
-
-
-def run_max_length(run_dir):
-    """The `max_length` a training run used, from RUN_DIR/config.json, or None."""
-    path = os.path.join(run_dir or "", "config.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            recorded = json.load(handle)
-        # Runs of 0.1.0 wrote a flat config.
-        return recorded.get("batching", recorded).get("max_length")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise ConfigError(f"{path}: not a run's config.json") from None
 
 
 def settings_markdown():

@@ -13,9 +13,11 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from pipelines.data import batching, corpus, default_corpus, tokenizer
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, DataError
 from pipelines.evaluation import score, translate
 from pipelines.files import atomic_output, atomic_text, write_json
+from pipelines.parsing import trees
+from pipelines.parsing.corpus import parse_scores, target_tokens, treebank_pairs
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -64,6 +66,17 @@ def load_pairs(config):
             config.data.target_language,
         )
         return load("train"), load("validation"), load("test")
+    if config.data.corpus == "ptb":
+        load = lambda split: treebank_pairs(  # noqa: E731
+            config.data.treebank_dir, split, config.data.treebank_pos_tags
+        )[0]
+        train, validation, test = load("train"), load("dev"), load("test")
+        if not train:
+            raise DataError(
+                f"treebank_dir {config.data.treebank_dir}: no wsj_NNNN.mrg files of the "
+                "train split (wsj_0001-0141)"
+            )
+        return train, validation or None, test or None  # test files are often kept aside
     if config.data.corpus == "files":
         validation = config.data.validation_files
         return (
@@ -81,6 +94,27 @@ def _sentences(pairs, limit=1_000_000):
     for source, target in pairs:
         yield source
         yield target
+
+
+def _whole_tokens(config, pairs):
+    """The target tokens kept whole by the vocabulary (`whole_target_tokens`), else none.
+
+    Raises:
+        DataError: they would fill the vocabulary.
+    """
+    if not config.batching.whole_target_tokens:
+        return []
+    if isinstance(pairs, tf.data.Dataset):
+        pairs = list(_sentences(pairs, limit=100_000))
+        pairs = list(zip(pairs[::2], pairs[1::2], strict=True))
+    tokens = target_tokens(pairs)
+    if len(tokens) >= config.batching.vocabulary_size // 2:
+        raise DataError(
+            f"whole_target_tokens: the targets have {len(tokens)} distinct tokens, too many for "
+            f"vocabulary_size {config.batching.vocabulary_size} (at most half of it); "
+            "it is meant for closed target vocabularies such as linearised trees"
+        )
+    return tokens
 
 
 def _callbacks(config, out_dir, is_chief, clock, schedule):
@@ -211,6 +245,7 @@ def run_training(config):
             spm_path,
             config.batching.vocabulary_size,
             seed=config.optimization.seed,
+            whole_tokens=_whole_tokens(config, train_pairs),
         )
     tok = tokenizer.load_tokenizer(spm_path)
     data_dir = os.path.join(out_dir, "data")
@@ -296,9 +331,24 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         ):
             with atomic_text(os.path.join(out_dir, name)) as handle:
                 handle.writelines(f"{text}\n" for text in texts)
-        hypotheses = translate(model, tok, sources, max_source_length=config.batching.max_length)
-        scores = score(hypotheses, [t for _, t in evaluation])
-        result.update({"greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]})
+        hypotheses = translate(
+            model,
+            tok,
+            sources,
+            max_source_length=config.batching.max_length,
+            extra_length=config.decoding.extra_length,
+        )
+        if config.data.corpus == "ptb":  # parses: labelled F1 against the gold trees
+            split = "test" if test_pairs is not None else "dev"
+            _, gold = treebank_pairs(config.data.treebank_dir, split)
+            result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold)}
+            with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
+                handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)
+        else:
+            scores = score(hypotheses, [t for _, t in evaluation])
+            result.update(
+                {"greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]}
+            )
         result["examples"] = [
             {"source": s, "translation": h, "reference": t}
             for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]

@@ -16,6 +16,7 @@ from benchmarks import (
     gpu_training,
     multi30k_recipe,
     pipeline_efficiency,
+    ptb_recipe,
     request_size,
     sampling,
     scoring,
@@ -126,6 +127,30 @@ def test_multi30k_recipe_smoke(multi30k_dir, tmp_path):
     for case in ("cased", "lowercased"):
         assert result["test_2016_flickr"][case]["sentences"] == 20
     assert "case:lc" in result["test_2016_flickr"]["lowercased"]["bleu_signature"]
+
+
+@pytest.mark.slow
+def test_ptb_recipe_smoke(tmp_path):
+    from tests.pipelines.parsing.synthetic import write_treebank
+
+    treebank = write_treebank(tmp_path / "treebank", files=((1, 40), (142, 6), (180, 4)))
+    output = tmp_path / "recipe.json"
+    argv = ["--treebank-dir", treebank, "--output-dir", str(tmp_path / "run"),
+            "--set", "steps=4", "--set", "max_minutes=null", "--set", "steps_per_epoch=2",
+            "--set", "vocabulary_size=120", "--set", "batch_tokens=700",
+            "--set", "model.num_layers=1", "--set", "model.hidden_dim=16",
+            "--set", "model.intermediate_dim=32", "--set", "model.num_heads=2",
+            "--beam-size", "2", "--output", str(output)]  # fmt: skip
+    assert ptb_recipe.main(argv) == 0
+    result = read(output)
+    assert result["steps"] == 4 and result["search"]["beam_size"] == 2
+    assert result["search"]["extra_length"] == 300  # the recipe's, recorded by the run
+    assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too
+    for split, sentences in (("dev", 6), ("test", 4)):
+        found = result["splits"][split]
+        assert found["parser"]["all"]["sentences"] == sentences
+        assert found["right_branching"]["all"]["sentences"] == sentences
+    assert result["greedy_parse_from_training"]["split"] == "test"
 
 
 def test_decoding_profile_smoke(tiny_run, tmp_path):

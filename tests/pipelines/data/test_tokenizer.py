@@ -50,3 +50,23 @@ def test_errors(tmp_path):
         train_sentencepiece(["a b c"] * 10, str(tmp_path / "x.model"), vocabulary_size=5000)
     with pytest.raises(DataError, match="not found"):
         load_tokenizer(str(tmp_path / "missing.model"))
+
+
+def test_whole_tokens_are_one_piece_each_on_the_target_side_only(model_path, tmp_path):
+    pairs = generate_pairs(3000, seed=0)
+    targets = ["(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S", "(FRAG (NP XX )NP )FRAG"] * 50
+    sentences = [s for pair in pairs for s in pair] + targets
+    whole = {token for target in targets for token in target.split()}
+    path = train_sentencepiece(
+        sentences, str(tmp_path / "whole.model"), vocabulary_size=300, whole_tokens=whole
+    )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    for target in targets[:2]:
+        pieces = processor.encode(target, out_type=str)
+        assert pieces == ["▁" + token for token in target.split()]
+        assert processor.decode(processor.encode(target)) == target
+    # Without them, the same line is cut into many more pieces.
+    plain = spm.SentencePieceProcessor(model_file=model_path)
+    assert len(plain.encode(targets[0])) > 2 * len(targets[0].split())
+    # Sentences are still cut into subwords.
+    assert len(processor.encode(pairs[0][0])) > len(pairs[0][0].split())

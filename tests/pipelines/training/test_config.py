@@ -11,7 +11,7 @@ from keras_transformer.models.presets import PRESETS
 from pipelines.commands import train
 from pipelines.data.default_corpus import default_corpus
 from pipelines.errors import ConfigError
-from pipelines.training import config as config_module
+from pipelines.training import recorded
 from pipelines.training.config import (
     GROUPS,
     MODEL_SIZES,
@@ -134,7 +134,7 @@ def test_a_bad_config_file_is_named(tmp_path, content, message, no_training, cap
 
 @pytest.mark.parametrize("recipe", recipe_names())
 def test_recipes_record_the_model_they_train(recipe):
-    config = load_config(recipe, settings={"multi30k_dir": "multi30k"})
+    config = load_config(recipe, settings={"multi30k_dir": "multi30k", "treebank_dir": "ptb"})
     recorded = json.loads(config.to_json())
     assert list(recorded) == list(GROUPS)
     arguments = config.model_arguments(100)
@@ -223,7 +223,25 @@ def test_subword_sampling_settings_are_checked():
 
 def test_run_max_length_reads_nested_and_flat_configs(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"batching": {"max_length": 77}}))
-    assert config_module.run_max_length(str(tmp_path)) == 77
+    assert recorded.run_max_length(str(tmp_path)) == 77
     (tmp_path / "config.json").write_text(json.dumps({"max_length": 66}))
-    assert config_module.run_max_length(str(tmp_path)) == 66
-    assert config_module.run_max_length(str(tmp_path / "none")) is None
+    assert recorded.run_max_length(str(tmp_path)) == 66
+    assert recorded.run_max_length(str(tmp_path / "none")) is None
+
+
+def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
+    assert recorded.run_decoding(str(tmp_path)) == {
+        "beam_size": 4,
+        "alpha": 0.6,
+        "extra_length": 50,
+    }
+    config = load_config("ptb", settings={"treebank_dir": "t", "decoding.alpha": 0.5})
+    (tmp_path / "config.json").write_text(config.to_json())
+    assert recorded.run_decoding(str(tmp_path)) == {
+        "beam_size": 21,
+        "alpha": 0.5,
+        "extra_length": 300,
+    }
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="not a run's config.json"):
+        recorded.run_decoding(str(tmp_path))

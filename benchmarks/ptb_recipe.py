@@ -98,8 +98,9 @@ def main(argv=None):
     seconds["whole"] = round(time.perf_counter() - started, 1)
     with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
         trained = json.load(handle)
-    with open(os.path.join(run, "config.json"), encoding="utf-8") as handle:
-        config = json.load(handle)
+    from pipelines.serving.client import export_settings  # imports TensorFlow
+    from pipelines.serving.versions import resolve_version
+
     write_result(
         {
             "benchmark": "ptb_recipe",
@@ -107,17 +108,10 @@ def main(argv=None):
             "run_dir": run,
             "steps": trained.get("steps"),
             "seconds": seconds,
-            "search": {
-                **config.get("decoding", {}),
-                **{
-                    k: v
-                    for k, v in vars(args).items()
-                    if k in ("beam_size", "alpha") and v is not None
-                },
-            },
+            "search": export_settings(resolve_version(export)),  # as the export records it
             "splits": splits,
             "greedy_parse_from_training": trained.get("greedy_parse"),
-        },  # fmt: skip
+        },
         args.output,
     )
     for split, found in splits.items():

@@ -41,7 +41,7 @@ def translate(
 
     from pipelines.serving.translation import EXTRA_LENGTH, translate_strings
 
-    options = {"extra_length": extra_length or EXTRA_LENGTH}
+    options = {"extra_length": EXTRA_LENGTH if extra_length is None else extra_length}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):

@@ -45,7 +45,15 @@ def _convert(args):
         raise ExportError(f"--output: {args.output} exists; pass --force to replace it")
     prepare_output_folder(os.path.dirname(os.path.abspath(args.output)), "--output")
     model = load_checkpoint(model_path)
-    print(convert(model, spm_path, args.output, max_length, args.quantization, force=args.force))
+    from pipelines.training.recorded import run_decoding
+
+    extra = run_decoding(args.run_dir or os.path.dirname(os.path.abspath(model_path)))
+    print(
+        convert(
+            model, spm_path, args.output, max_length, args.quantization, force=args.force,
+            extra_length=extra["extra_length"],
+        )
+    )  # fmt: skip
 
 
 def main(argv=None, prog="kt ct2-export"):

@@ -3,7 +3,11 @@
     kt export --run-dir runs/default --name default
 
 writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
-`pipelines.serving.saved_model` for its signatures.
+`pipelines.serving.saved_model` for its signatures. The search (`--beam-size`,
+`--alpha`, `--extra-length`) defaults to the run's `decoding` settings in
+RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), and the
+version records what it was exported with in
+`assets.extra/keras_transformer.json`.
 """
 
 import os

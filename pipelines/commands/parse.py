@@ -12,8 +12,10 @@ placeholder of a model trained without them):
 
 The SavedModel's `serving_default` writes each sentence's tree linearised;
 output that is not a well-formed tree over the words is repaired (stray
-brackets dropped, open ones closed, left-over words attached to the root),
-and how many outputs needed it is reported on stderr. Score the trees with
+brackets dropped, open ones closed, left-over words attached to the root,
+a word token outside the vocabulary's tags written `XX`), and how many
+outputs needed it is reported on stderr. Brackets in words are written
+`-LRB-` and `-RRB-`, as the treebank writes them. Score the trees with
 `kt parseval`. Like `kt translate`, finished lines go to `OUTPUT.partial`
 and a killed run restarted with the same arguments resumes.
 """
@@ -42,10 +44,11 @@ def _parse(args):
     if args.output:
         prepare_output_file(args.output, "--output")
     from pipelines.parsing import trees
-    from pipelines.parsing.corpus import parse_lines
+    from pipelines.parsing.corpus import parse_lines, vocabulary_tags
     from pipelines.serving import client  # imports TensorFlow
 
     version, signature = client.load_signature(args.model, "serving_default")
+    tags = vocabulary_tags(os.path.join(version, "assets", "sentencepiece.model"))
     with open(args.input, "rb") as handle:
         data = handle.read()
     lines = read_input_lines(data)
@@ -67,7 +70,7 @@ def _parse(args):
             batch = sentences[start : start + args.batch_size]
             outputs = client.call_in_batches(signature, lines[start : start + len(batch)])
             linearised = [text.decode("utf-8") for text in outputs["translations"]]
-            parsed, count = parse_lines(linearised, batch)
+            parsed, count = parse_lines(linearised, batch, tags)
             repaired += count
             write_lines(out, [trees.to_bracketed(tree) for tree in parsed])
             print(f"parsed {start + len(batch)}/{len(lines)} sentences", file=sys.stderr)

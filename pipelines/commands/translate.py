@@ -166,7 +166,7 @@ def _translate(args):
         prefixes = read_input_lines(prefix_data)
         _check_prefixes(
             args, version, lines, prefixes, f"--input {args.input or 'stdin'}",
-            signature.extra_length,
+            client.export_settings(version)["extra_length"],
         )  # fmt: skip
     elif name == "align":
         prefixes = [b""] * len(lines)

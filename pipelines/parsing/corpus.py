@@ -32,12 +32,38 @@ def target_tokens(pairs):
     return sorted({token for _, target in pairs for token in target.split()})
 
 
-def parse_lines(linearised, sentences):
+def vocabulary_tags(sentencepiece_path):
+    """The word tokens (tags or `XX`) a parser's vocabulary keeps whole, or None.
+
+    A vocabulary trained with `whole_target_tokens` holds each target token as
+    a user-defined piece (`▁(NP`, `▁NN`); the tokens that are not brackets are
+    the tags the model writes for words.
+
+    Args:
+        sentencepiece_path: str, a `.model` file (an export's
+            `assets/sentencepiece.model`).
+
+    Returns:
+        set of str, or None when the vocabulary keeps no token whole.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(sentencepiece_path, "rb") as handle:
+        proto.ParseFromString(handle.read())
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    whole = [piece.piece.lstrip("\u2581") for piece in proto.pieces if piece.type == user_defined]
+    return trees.word_tags(whole) or None
+
+
+def parse_lines(linearised, sentences, tags=None):
     """Trees from the model's linearised outputs, over the input sentences' words.
 
     Args:
         linearised: list of str, one output a sentence.
         sentences: list of str, the inputs, words separated by spaces.
+        tags: set of str or None, the word tokens the model was trained on
+            (`trees.word_tags`); any other word token is repaired to `XX`.
 
     Returns:
         `(trees, repaired)`: list of `nltk.Tree` rooted at `TOP` whose
@@ -46,26 +72,31 @@ def parse_lines(linearised, sentences):
     """
     parsed, repaired = [], 0
     for output, sentence in zip(linearised, sentences, strict=True):
-        tree, repairs = trees.delinearize(output.split(), sentence.split())
+        tree, repairs = trees.delinearize(output.split(), sentence.split(), tags)
         parsed.append(tree)
         repaired += repairs > 0
     return parsed, repaired
 
 
-def parse_scores(linearised, gold):
+def parse_scores(linearised, gold, tags=None):
     """EVALB-style scores of linearised outputs against gold trees, and the repair rate.
 
     Args:
         linearised: list of str, the model's outputs, aligned with `gold`.
         gold: list of cleaned `nltk.Tree`.
+        tags: set of str or None, as `parse_lines` takes it.
 
     Returns:
         dict: `f1`, `precision`, `recall`, `exact_match` over all sentences,
         `f1_len<=40`, `repaired` (outputs repaired) and `repaired_percent`.
+
+    Raises:
+        DataError: the two lists differ in length.
     """
     if len(linearised) != len(gold):
         raise DataError(f"{len(linearised)} parses for {len(gold)} gold trees")
-    parsed, repaired = parse_lines(linearised, [" ".join(tree.leaves()) for tree in gold])
+    sentences = [" ".join(tree.leaves()) for tree in gold]
+    parsed, repaired = parse_lines(linearised, sentences, tags)
     scores = evalb.score_trees(gold, parsed)
     result = {key: scores["all"][key] for key in ("f1", "precision", "recall", "exact_match")}
     result["f1_len<=40"] = scores["len<=40"]["f1"]

@@ -28,6 +28,9 @@ FILE_NAME = re.compile(r"wsj_(\d{4})\.mrg$")
 # Contiguous by file number: the split this package documents for NLTK's
 # sample (WSJ 0001-0199); the test files are not in the sample NLTK ships.
 SPLITS = {"train": (1, 141), "dev": (142, 172), "test": (173, 199)}
+# The full WSJ treebank's standard split (sections 02-21, 22, 23), used where
+# a folder holds files beyond the sample's 0199.
+WSJ_SPLITS = {"train": (200, 2199), "dev": (2200, 2299), "test": (2300, 2399)}
 
 
 def treebank_files(root, split=None):
@@ -36,20 +39,27 @@ def treebank_files(root, split=None):
     Args:
         root: str, a folder searched recursively.
         split: None, a name in `SPLITS`, or `(first, last)` file numbers.
+            A name means the sample's split (`SPLITS`), or the standard
+            WSJ split (`WSJ_SPLITS`: sections 02-21, 22, 23) where `root`
+            holds any file numbered above 0199.
 
     Returns:
         list of paths relative to `root`.
     """
-    low, high = SPLITS[split] if isinstance(split, str) else (split or (0, 10**4))
     found = []
     for folder, _, names in os.walk(root):
         for name in names:
             match = FILE_NAME.search(name)
-            if match and low <= int(match.group(1)) <= high:
+            if match:
                 found.append(
                     (int(match.group(1)), os.path.relpath(os.path.join(folder, name), root))
                 )
-    return [path for _, path in sorted(found)]
+    if isinstance(split, str):
+        full = any(number > SPLITS["test"][1] for number, _ in found)
+        low, high = (WSJ_SPLITS if full else SPLITS)[split]
+    else:
+        low, high = split or (0, 10**4)
+    return [path for number, path in sorted(found) if low <= number <= high]
 
 
 def read_trees(root, split=None):
@@ -97,6 +107,11 @@ def clean(tree):
     return Tree(ROOT, [child for child in children if child is not None])
 
 
+def word_tags(tokens):
+    """The tokens of a target vocabulary that stand for words: all but brackets (set of str)."""
+    return {token for token in tokens if not token.startswith(("(", ")"))}
+
+
 def is_preterminal(node):
     return isinstance(node, Tree) and len(node) == 1 and isinstance(node[0], str)
 
@@ -127,29 +142,38 @@ def linearize(tree, pos_tags=False):
     return tokens
 
 
-def delinearize(tokens, words):
+def delinearize(tokens, words, tags=None):
     """The tree a token sequence describes, with `words` at its leaves, repaired if need be.
 
     Repairs, each counted: a closing bracket with nothing open is dropped; a
-    word token beyond the words is dropped; brackets still open at the end
-    are closed; words left over are attached to the root as `(XX word)`;
-    constituents left without words are dropped. A closing bracket closes
-    the innermost open constituent whatever its label.
+    word token beyond the words is dropped; a word token that is not a tag
+    (not in `tags`, or holding a bracket) stands as `XX`; a label holding a
+    bracket becomes `X`; brackets still open at the end are closed; words
+    left over are attached to the root as `(XX word)`; constituents left
+    without words are dropped. A closing bracket closes the innermost open
+    constituent whatever its label. Brackets in words are written as the
+    treebank writes them (`-LRB-`, `-RRB-`), so the tree's line reads back.
 
     Args:
         tokens: list of str, the model's output (`linearize`'s vocabulary).
         words: list of str, the sentence.
+        tags: set of str or None, the word tokens the model was trained on
+            (POS tags, or `XX`); None accepts any token without a bracket.
 
     Returns:
         `(tree, repairs)`: an `nltk.Tree` rooted at `TOP` whose leaves are
-        exactly `words`, and the number of repairs made.
+        `words` (brackets escaped), and the number of repairs made.
     """
     repairs = 0
     stack = [Tree(ROOT, [])]
+    words = [word.replace("(", "-LRB-").replace(")", "-RRB-") for word in words]
     position = 0
     for token in tokens:
         if token.startswith("(") and len(token) > 1:
-            node = Tree(token[1:], [])
+            label = token[1:]
+            if "(" in label or ")" in label:
+                label, repairs = "X", repairs + 1
+            node = Tree(label, [])
             stack[-1].append(node)
             stack.append(node)
         elif token.startswith(")"):
@@ -158,6 +182,8 @@ def delinearize(tokens, words):
             else:
                 repairs += 1
         elif position < len(words):
+            if "(" in token or ")" in token or (tags is not None and token not in tags):
+                token, repairs = PLACEHOLDER, repairs + 1
             stack[-1].append(Tree(token, [words[position]]))
             position += 1
         else:

@@ -4,6 +4,7 @@ Needs only TensorFlow and tensorflow-text (for the SentencePiece ops the
 SavedModel's graph holds); never imports Keras or `keras_transformer`.
 """
 
+import json
 import os
 
 import tensorflow as tf
@@ -12,18 +13,17 @@ import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedM
 from pipelines.errors import ExportError
 from pipelines.serving.versions import broken_version_message, resolve_version
 
-# Target pieces a sentence may produce beyond its source pieces by default
-# (section 6.1: input length + 50); an export records its own.
-EXTRA_LENGTH = 50
+# Where an export records its search settings (beside TF Serving's warm-up file).
+SETTINGS_FILE = os.path.join("assets.extra", "keras_transformer.json")
+# What exports made before SETTINGS_FILE searched with.
+EARLIER_SETTINGS = {"beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50}
 
 
 def load_signature(path, name="translate"):
     """The signature `name` of the SavedModel at `path` (a version or model folder).
 
     Returns:
-        `(version_folder, signature)`; the signature's `extra_length`
-        attribute is the export's output limit beyond the source pieces
-        (50 for exports older than the attribute).
+        `(version_folder, signature)`.
 
     Raises:
         ExportError: naming the version folder that does not load and, when
@@ -31,17 +31,41 @@ def load_signature(path, name="translate"):
     """
     version = resolve_version(path)
     try:
-        loaded = tf.saved_model.load(version)
-        signature = loaded.signatures[name]
-        limit = getattr(loaded, "extra_length", None)
-        signature.extra_length = EXTRA_LENGTH if limit is None else int(limit.numpy())
-        return version, signature
+        return version, tf.saved_model.load(version).signatures[name]
     except (OSError, ValueError, KeyError, tf.errors.OpError) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error)
         base, number = os.path.split(os.path.normpath(version))
         if number.isdigit():
             raise ExportError(broken_version_message(base, int(number), reason)) from None
         raise ExportError(f"the SavedModel {version} is broken: {reason}") from None
+
+
+def export_settings(version):
+    """The search settings a SavedModel version was exported with.
+
+    Args:
+        version: str, a version folder (`saved_models/NAME/1`).
+
+    Returns:
+        dict: `beam_size`, `alpha`, `nbest`, `extra_length` (target pieces a
+        sentence may produce beyond its source pieces, end of sentence
+        included) and, for exports that record it, `max_source_length`.
+        Exports made before the settings file get the settings they used.
+
+    Raises:
+        ExportError: the file is there but not a JSON object.
+    """
+    path = os.path.join(version, SETTINGS_FILE)
+    if not os.path.exists(path):
+        return dict(EARLIER_SETTINGS)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            settings = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(settings, dict):
+        raise ExportError(f"{path}: not a JSON object of settings")
+    return {**EARLIER_SETTINGS, **settings}
 
 
 def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):

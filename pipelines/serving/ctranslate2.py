@@ -29,6 +29,7 @@ import numpy as np
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder
+from pipelines.serving.translation import EXTRA_LENGTH
 
 _ACTIVATIONS = {"relu": 0, "gelu": 3, "silu": 2, "swish": 2}  # ctranslate2 Activation
 
@@ -155,7 +156,15 @@ def model_spec(model, pieces, num_positions=1024):
     return spec
 
 
-def convert(model, spm_path, output_dir, max_source_length=128, quantization=None, force=False):
+def convert(
+    model,
+    spm_path,
+    output_dir,
+    max_source_length=128,
+    quantization=None,
+    force=False,
+    extra_length=EXTRA_LENGTH,
+):
     """Writes a CTranslate2 model folder for `model`.
 
     Args:
@@ -165,6 +174,8 @@ def convert(model, spm_path, output_dir, max_source_length=128, quantization=Non
         max_source_length: int, the most source pieces kept (EOS included), as in training.
         quantization: str or None, e.g. "int8" (CTranslate2's weight types).
         force: bool, replace an existing folder.
+        extra_length: int, target pieces beyond the source pieces (the run's
+            `decoding.extra_length`, as the SavedModel takes it).
 
     Returns:
         `output_dir`.
@@ -176,7 +187,7 @@ def convert(model, spm_path, output_dir, max_source_length=128, quantization=Non
     check_special_ids(model, spm_path)
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    spec = model_spec(model, pieces, num_positions=max_source_length + 51)
+    spec = model_spec(model, pieces, num_positions=max_source_length + extra_length + 1)
     spec.validate()
     spec.optimize(quantization=quantization)
     parent = os.path.dirname(os.path.abspath(output_dir))
@@ -184,7 +195,7 @@ def convert(model, spm_path, output_dir, max_source_length=128, quantization=Non
     spec.save(staging)
     shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
-        json.dump({"max_source_length": max_source_length}, handle)
+        json.dump({"max_source_length": max_source_length, "extra_length": extra_length}, handle)
     # The folder is replaced whole: the old one is moved aside, then removed.
     old = f"{staging}-old"
     if os.path.exists(output_dir):
@@ -218,6 +229,7 @@ class CTranslate2Translator:
             options = json.load(handle)
             # Folders written by 0.1.0 name it max_length.
             self.max_source_length = options.get("max_source_length", options.get("max_length"))
+            self.extra_length = options.get("extra_length", EXTRA_LENGTH)
 
     def translate(self, sentences, beam_size=4, length_penalty=0.6, batch_size=64):
         """Translates `sentences` (list of str) in order.
@@ -240,8 +252,8 @@ class CTranslate2Translator:
             max_batch_size=batch_size,
             beam_size=beam_size,
             length_penalty=length_penalty,
-            # The SavedModel's limit, source length (EOS included) + 50.
-            max_decoding_length=longest + 51,
+            # The SavedModel's limit, source length (EOS included) + extra_length.
+            max_decoding_length=longest + 1 + self.extra_length,
             return_scores=True,
         )
         tokens = [r.hypotheses[0] for r in results]

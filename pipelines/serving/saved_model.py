@@ -7,6 +7,8 @@ holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
 does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
 search with the key/value cache over length-sorted chunks of the request,
 detokenization. It needs only tensorflow and tensorflow-text to load.
+`export` also writes the search settings to `assets.extra/keras_transformer.json`
+(`client.export_settings` reads them).
 
 Signatures (`inputs` is always a string tensor of shape `[None]`):
     serving_default: `translations` string `[None]`, `scores` float32 `[None]`,
@@ -48,7 +50,8 @@ import tensorflow_text as tf_text
 
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
-from pipelines.files import staging_folder
+from pipelines.files import staging_folder, write_json
+from pipelines.serving.client import SETTINGS_FILE
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
@@ -102,12 +105,12 @@ class Translator(tf.Module):
         extra_length=EXTRA_LENGTH,
     ):
         super().__init__(name="translator")
-        # For clients that check prefixes first (`kt translate --prefix-file`).
-        self.extra_length = tf.Variable(extra_length, dtype=tf.int32, trainable=False)
+        # What `export` records for clients (`client.export_settings`).
+        self._settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
+        self._settings.update(extra_length=extra_length, max_source_length=max_source_length)
         check_special_ids(model, sentencepiece_path)
-        # The file ships in the SavedModel's assets/ for users and other
-        # runtimes; tf-text's tokenizer op takes the proto as an attribute, so
-        # the graph holds its own copy of the same bytes.
+        # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
+        # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
         with open(sentencepiece_path, "rb") as handle:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
@@ -351,6 +354,7 @@ def export(translator, base_dir, version=None):
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
         write_warmup_requests(staging)
+        write_json(os.path.join(staging, SETTINGS_FILE), translator._settings)
         while True:
             number = next_version(base_dir) if version is None else version
             target = os.path.join(base_dir, str(number))

@@ -12,7 +12,10 @@ holds, and sentences of similar length share a chunk.
 import tensorflow as tf
 
 from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
-from pipelines.serving.client import EXTRA_LENGTH
+
+# Target pieces a sentence may produce beyond its source pieces by default
+# (section 6.1: input length + 50); a parser's run sets its own (`extra_length`).
+EXTRA_LENGTH = 50
 
 # Sentences searched together: enough rows for each step's matrix products to
 # pay for its fixed costs, few enough that one chunk's caches stay small

@@ -151,7 +151,7 @@ class OutputConfig:
 
 @dataclasses.dataclass
 class DecodingConfig:
-    """The search the run's evaluation and export use by default (`kt export` reads these)."""
+    """The search `kt export` uses by default (end-of-run greedy evaluation: `extra_length`)."""
 
     beam_size: int = setting(4, "beam size of the export's search (1: greedy)", low=1)
     alpha: float = setting(0.6, "length penalty exponent of the export's search", low=0.0)
@@ -294,7 +294,8 @@ def coerce(name, value):
     return _scalar(value, base, name, value)
 
 
-def _check_limits(name, value):
+def check_limits(name, value):
+    """Raises `ConfigError` unless `value` is within setting `name`'s declared limits."""
     limits = SETTINGS[name].limits
     values = value if isinstance(value, list) else [value]
     if "nargs" in limits and isinstance(value, list) and len(value) != limits["nargs"]:
@@ -329,7 +330,7 @@ def validate(config):
     for item in SETTINGS.values():
         value = getattr(getattr(config, item.group), item.name)
         if value is not None:
-            _check_limits(item.name, value)
+            check_limits(item.name, value)
     data, model, optimization = config.data, config.model, config.optimization
     if data.corpus == "multi30k" and not data.multi30k_dir:
         raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")

@@ -9,7 +9,7 @@ import json
 import os
 
 from pipelines.errors import ConfigError
-from pipelines.training.config import DecodingConfig
+from pipelines.training.config import DecodingConfig, check_limits, coerce
 
 
 def _run_config(run_dir):
@@ -27,21 +27,42 @@ def _run_config(run_dir):
     return recorded
 
 
+def _group(run_dir, name):
+    """Group `name` of RUN_DIR/config.json as a dict ({} where none is recorded)."""
+    recorded = _run_config(run_dir) or {}
+    group = recorded.get(name)
+    if group is None and name == "batching" and "max_length" in recorded:
+        return recorded  # runs of 0.1.0 wrote a flat config
+    if not isinstance(group, (dict, type(None))):
+        raise ConfigError(f"{os.path.join(run_dir, 'config.json')}: {name} is not an object")
+    return group or {}
+
+
 def run_max_length(run_dir):
     """The `max_length` a training run used, from RUN_DIR/config.json, or None."""
-    recorded = _run_config(run_dir)
-    if recorded is None:
-        return None
-    # Runs of 0.1.0 wrote a flat config.
-    return (recorded.get("batching") or recorded).get("max_length")
+    return _group(run_dir, "batching").get("max_length")
 
 
 def run_decoding(run_dir):
     """The search settings a run records (its `decoding` group), else the defaults.
 
+    Args:
+        run_dir: str, a training output folder.
+
     Returns:
         dict with `beam_size`, `alpha`, `extra_length`.
+
+    Raises:
+        ConfigError: config.json is not a run's, or records a value of the
+            wrong type or out of range (naming the file, setting and value).
     """
-    recorded = (_run_config(run_dir) or {}).get("decoding") or {}
-    defaults = dataclasses.asdict(DecodingConfig())
-    return {name: recorded.get(name, default) for name, default in defaults.items()}
+    recorded = _group(run_dir, "decoding")
+    settings = dataclasses.asdict(DecodingConfig())
+    for name in settings:
+        if name in recorded:
+            try:
+                settings[name] = coerce(name, recorded[name])
+                check_limits(name, settings[name])
+            except ConfigError as error:
+                raise ConfigError(f"{os.path.join(run_dir, 'config.json')}: {error}") from None
+    return settings

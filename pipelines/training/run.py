@@ -341,7 +341,11 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         if config.data.corpus == "ptb":  # parses: labelled F1 against the gold trees
             split = "test" if test_pairs is not None else "dev"
             _, gold = treebank_pairs(config.data.treebank_dir, split)
-            result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold)}
+            train, _ = treebank_pairs(
+                config.data.treebank_dir, "train", config.data.treebank_pos_tags
+            )
+            tags = trees.word_tags(target_tokens(train))
+            result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold, tags)}
             with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
                 handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)
         else:

@@ -52,7 +52,7 @@ def test_errors(tmp_path):
         load_tokenizer(str(tmp_path / "missing.model"))
 
 
-def test_whole_tokens_are_one_piece_each_on_the_target_side_only(model_path, tmp_path):
+def test_whole_tokens_are_one_piece_each_and_words_stay_subwords(model_path, tmp_path):
     pairs = generate_pairs(3000, seed=0)
     targets = ["(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S", "(FRAG (NP XX )NP )FRAG"] * 50
     sentences = [s for pair in pairs for s in pair] + targets

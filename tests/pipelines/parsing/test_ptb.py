@@ -3,12 +3,20 @@
 import json
 import os
 
+import keras
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from pipelines.commands import export, parse, parseval, train
-from pipelines.parsing.evalb import read_bracketed
-from pipelines.parsing.trees import read_trees
+from pipelines.commands import translate as translate_command
+from pipelines.data.tokenizer import load_tokenizer
+from pipelines.errors import ExportError
+from pipelines.evaluation import translate
+from pipelines.parsing.corpus import parse_lines, parse_scores, vocabulary_tags
+from pipelines.parsing.evalb import read_bracketed, score_trees
+from pipelines.parsing.trees import read_trees, to_bracketed
+from pipelines.serving import client
 from tests.pipelines.parsing.synthetic import write_treebank
 
 TINY = [
@@ -38,11 +46,15 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
         result = json.load(handle)
     parsed = result["greedy_parse"]
     assert parsed["split"] == "dev" and "greedy_bleu" not in result
-    assert 0 <= parsed["f1"] <= 100 and 0 <= parsed["repaired"] <= 12
     gold = [read_bracketed(line) for line in open(os.path.join(out, "heldout.trees"))]
     assert gold == read_trees(treebank, "dev")
-    import sentencepiece
-
+    # The run's figure is the greedy parse of dev scored against the gold trees.
+    model = keras.saving.load_model(os.path.join(out, "model.keras"))
+    tokenizer = load_tokenizer(os.path.join(out, "sentencepiece.model"))
+    sentences = [" ".join(tree.leaves()) for tree in gold]
+    greedy = translate(model, tokenizer, sentences, max_source_length=640, extra_length=40)
+    tags = vocabulary_tags(os.path.join(out, "sentencepiece.model"))
+    assert parsed == {"split": "dev", **parse_scores(greedy, gold, tags)}
     processor = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(out, "sentencepiece.model")
     )
@@ -50,32 +62,72 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
     assert processor.encode(target, out_type=str) == ["▁" + t for t in target.split()]
 
 
-def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run):
+def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path, capsys):
     root, _, _ = ptb_run
-    loaded = tf.saved_model.load(str(root / "saved" / "ptb" / "1"))
-    assert int(loaded.extra_length.numpy()) == 40
+    version = str(root / "saved" / "ptb" / "1")
+    settings = client.export_settings(version)
+    assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
+                        "max_source_length": 640}  # fmt: skip
+    loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3
+    # kt translate checks prefixes against the export's own limit: source pieces + 1 + 40.
+    source, prefixes = tmp_path / "source", tmp_path / "prefixes"
+    source.write_text("the dog barks\n")
+    pieces = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(version, "assets", "sentencepiece.model")
+    )
+    limit = len(pieces.encode("the dog barks")) + 1 + 40
+    prefixes.write_text(" ".join(["(NP"] * (limit + 1)) + "\n")
+    argv = ["--model", version, "--input", str(source), "--prefix-file", str(prefixes)]
+    assert translate_command.main(argv) == 2
+    assert f"more than the {limit} its sentence may produce" in capsys.readouterr().err
+    prefixes.write_text(" ".join(["(NP"] * limit) + "\n")
+    assert translate_command.main(argv) == 0
+    assert capsys.readouterr().out.startswith("(NP (NP")
+
+
+def test_exports_without_a_settings_file_searched_as_before(tmp_path):
+    assert client.export_settings(str(tmp_path)) == {
+        "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50
+    }  # fmt: skip
+    (tmp_path / "assets.extra").mkdir()
+    (tmp_path / "assets.extra" / "keras_transformer.json").write_text("[]")
+    with pytest.raises(ExportError, match="not a JSON object"):
+        client.export_settings(str(tmp_path))
 
 
 def test_parse_writes_one_tree_a_line_over_the_input_words_and_parseval_scores_it(
     ptb_run, tmp_path, capsys
 ):
     root, treebank, _ = ptb_run
-    sentences = [" ".join(tree.leaves()) for tree in read_trees(treebank, "dev")]
+    gold = read_trees(treebank, "dev")
+    sentences = [" ".join(tree.leaves()) for tree in gold]
     words = tmp_path / "dev.words"
     words.write_text("\n".join(sentences) + "\n")
     output = tmp_path / "dev.trees"
     model = str(root / "saved" / "ptb")
     argv = ["--model", model, "--input", str(words), "--output", str(output), "--batch-size", "5"]
     assert parse.main(argv) == 0
-    assert "were repaired into trees" in capsys.readouterr().err
     lines = output.read_text().splitlines()
-    assert len(lines) == len(sentences)
+    assert len(lines) == len(sentences) and not os.path.exists(f"{output}.partial")
+    # The same as the export's own outputs turned into trees, in input order.
+    version = os.path.join(model, "1")
+    raw = tf.saved_model.load(version).signatures["serving_default"](inputs=tf.constant(sentences))
+    tags = vocabulary_tags(os.path.join(version, "assets", "sentencepiece.model"))
+    assert "DT" in tags and "NN" in tags and not any(t.startswith(("(", ")")) for t in tags)
+    expected, repaired = parse_lines(
+        [t.decode() for t in raw["translations"].numpy()], sentences, tags
+    )
+    assert lines == [to_bracketed(tree) for tree in expected]
     for line, sentence in zip(lines, sentences, strict=True):
         tree = read_bracketed(line)
         assert tree.label() == "TOP" and tree.leaves() == sentence.split()
-    assert not os.path.exists(f"{output}.partial")
+    share = 100.0 * repaired / len(sentences)
+    assert (
+        f"{repaired} of {len(sentences)} outputs ({share:.2f}%) were repaired"
+        in capsys.readouterr().err
+    )
     scores = tmp_path / "scores.json"
     argv = [
         "--trees",
@@ -88,7 +140,7 @@ def test_parse_writes_one_tree_a_line_over_the_input_words_and_parseval_scores_i
         str(scores),
     ]
     assert parseval.main(argv) == 0
-    assert 0 <= json.loads(scores.read_text())["all"]["f1"] <= 100
+    assert json.loads(scores.read_text()) == score_trees(gold, expected)
 
 
 def test_parse_refuses_bad_arguments_before_loading_the_model(tmp_path, capsys):

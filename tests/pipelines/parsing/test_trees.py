@@ -13,6 +13,7 @@ from pipelines.parsing.trees import (
     right_branching,
     to_bracketed,
     treebank_files,
+    word_tags,
 )
 from tests.pipelines.conftest import shared_data
 
@@ -98,3 +99,28 @@ def test_the_full_treebank_layout_reads_too(treebank, tmp_path):
     ]
     expected = read_trees(treebank, (142, 143))
     assert read_trees(str(tmp_path), "dev") == expected and len(expected) > 10
+
+
+def test_word_tokens_outside_the_tags_and_brackets_in_labels_or_words_are_repaired():
+    tags = word_tags(["(S", ")S", "(NP", ")NP", "DT", "NN", "VBZ", "."])
+    assert tags == {"DT", "NN", "VBZ", "."}
+    tokens = "(S (NP DT dog )NP (VP( VBZ )VP ( )S".split()
+    tree, repairs = delinearize(tokens, ["The", "dog", "barks", "(sic)"], tags)
+    # `dog` is no tag, `VP(` no label, `(` no tag: three repairs; the word's brackets escaped.
+    assert repairs == 3
+    line = to_bracketed(tree)
+    assert line == "(TOP (S (NP (DT The) (XX dog)) (X (VBZ barks)) (XX -LRB-sic-RRB-)))"
+    assert Tree.fromstring(line) == tree
+    # Without tags any token without a bracket stands as a tag.
+    assert delinearize("(S NN NN )S".split(), ["a", "b"])[1] == 0
+
+
+def test_a_full_treebank_takes_the_standard_sections_as_splits(tmp_path):
+    for section, number in (("00", 1), ("02", 200), ("21", 2199), ("22", 2200), ("23", 2301)):
+        folder = tmp_path / "parsed" / "mrg" / "wsj" / section
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"wsj_{number:04d}.mrg").write_text("( (S (NN x)) )\n")
+    names = lambda split: [os.path.basename(p) for p in treebank_files(str(tmp_path), split)]  # noqa: E731
+    assert names("train") == ["wsj_0200.mrg", "wsj_2199.mrg"]  # sections 02-21, not 00
+    assert names("dev") == ["wsj_2200.mrg"] and names("test") == ["wsj_2301.mrg"]
+    assert names((1, 1)) == ["wsj_0001.mrg"]  # file numbers still choose any subset

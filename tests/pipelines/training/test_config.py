@@ -242,6 +242,14 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         "alpha": 0.5,
         "extra_length": 300,
     }
-    (tmp_path / "config.json").write_text("[1]")
-    with pytest.raises(ConfigError, match="not a run's config.json"):
-        recorded.run_decoding(str(tmp_path))
+    for bad, message in [
+        ("[1]", "not a run's config.json"),
+        ('{"decoding": 3}', "decoding is not an object"),
+        ('{"decoding": {"beam_size": null}}', "beam_size may not be null"),
+        ('{"decoding": {"alpha": -1}}', "alpha must be at least 0.0"),
+        ('{"batching": [640]}', "batching is not an object"),
+    ]:
+        (tmp_path / "config.json").write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            recorded.run_decoding(str(tmp_path))
+            recorded.run_max_length(str(tmp_path))

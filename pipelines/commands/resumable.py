@@ -13,7 +13,11 @@ from pipelines.files import write_json
 
 
 def export_identity(version):
-    """A SavedModel version folder's path and its graph file's size and time."""
+    """What identifies a SavedModel version for a resume: `[abspath, graph bytes, graph mtime ns]`.
+
+    Args:
+        version: str, a version folder holding `saved_model.pb`.
+    """
     graph = os.stat(os.path.join(version, "saved_model.pb"))
     return [os.path.abspath(version), graph.st_size, graph.st_mtime_ns]
 
@@ -68,6 +72,7 @@ def read_input_lines(data):
 
 
 def write_lines(handle, lines):
+    """Appends `lines` (list of str), one a line, and flushes them to disk (a file) or stdout."""
     handle.write("".join(f"{line}\n" for line in lines))
     handle.flush()
     if handle is not sys.stdout:

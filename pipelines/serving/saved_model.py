@@ -106,8 +106,8 @@ class Translator(tf.Module):
     ):
         super().__init__(name="translator")
         # What `export` records for clients (`client.export_settings`).
-        self._settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
-        self._settings.update(extra_length=extra_length, max_source_length=max_source_length)
+        self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
+        self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         check_special_ids(model, sentencepiece_path)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
@@ -354,7 +354,7 @@ def export(translator, base_dir, version=None):
     try:
         tf.saved_model.save(translator, staging, signatures=translator.signatures())
         write_warmup_requests(staging)
-        write_json(os.path.join(staging, SETTINGS_FILE), translator._settings)
+        write_json(os.path.join(staging, SETTINGS_FILE), dict(translator.search_settings))
         while True:
             number = next_version(base_dir) if version is None else version
             target = os.path.join(base_dir, str(number))

@@ -22,6 +22,9 @@ from nltk.tree import Tree
 
 ROOT = "TOP"
 PLACEHOLDER = "XX"
+# Deepest nesting `delinearize` builds (treebank trees stay far below it): deeper
+# output would exceed Python's recursion limit in nltk's recursive tree code.
+MAX_DEPTH = 100
 EMPTY = "-NONE-"
 FILE_NAME = re.compile(r"wsj_(\d{4})\.mrg$")
 
@@ -151,7 +154,8 @@ def delinearize(tokens, words, tags=None):
     bracket becomes `X`; brackets still open at the end are closed; words
     left over are attached to the root as `(XX word)`; constituents left
     without words are dropped. A closing bracket closes the innermost open
-    constituent whatever its label. Brackets in words are written as the
+    constituent whatever its label. A bracket opened deeper than `MAX_DEPTH`
+    is dropped with the bracket that closes it. Brackets in words are written as the
     treebank writes them (`-LRB-`, `-RRB-`), so the tree's line reads back.
 
     Args:
@@ -164,18 +168,22 @@ def delinearize(tokens, words, tags=None):
         `(tree, repairs)`: an `nltk.Tree` rooted at `TOP` whose leaves are
         `words` (brackets escaped), and the number of repairs made.
     """
-    repairs = 0
+    repairs, skipped = 0, 0
     stack = [Tree(ROOT, [])]
     words = [word.replace("(", "-LRB-").replace(")", "-RRB-") for word in words]
     position = 0
     for token in tokens:
-        if token.startswith("(") and len(token) > 1:
+        if token.startswith("(") and len(token) > 1 and len(stack) > MAX_DEPTH:
+            skipped, repairs = skipped + 1, repairs + 1  # dropped, with its closing bracket
+        elif token.startswith("(") and len(token) > 1:
             label = token[1:]
             if "(" in label or ")" in label:
                 label, repairs = "X", repairs + 1
             node = Tree(label, [])
             stack[-1].append(node)
             stack.append(node)
+        elif token.startswith(")") and skipped:
+            skipped -= 1
         elif token.startswith(")"):
             if len(stack) > 1:
                 stack.pop()

@@ -6,6 +6,7 @@ import pytest
 from nltk.tree import Tree
 
 from pipelines.parsing.trees import (
+    MAX_DEPTH,
     clean,
     delinearize,
     linearize,
@@ -124,3 +125,11 @@ def test_a_full_treebank_takes_the_standard_sections_as_splits(tmp_path):
     assert names("train") == ["wsj_0200.mrg", "wsj_2199.mrg"]  # sections 02-21, not 00
     assert names("dev") == ["wsj_2200.mrg"] and names("test") == ["wsj_2301.mrg"]
     assert names((1, 1)) == ["wsj_0001.mrg"]  # file numbers still choose any subset
+
+
+def test_output_nested_beyond_the_depth_limit_is_repaired_not_a_recursion_error():
+    tokens = ["(S"] + ["(NP"] * 900 + ["NN", "NN"] + [")NP"] * 900 + [")S"]
+    tree, repairs = delinearize(tokens, ["a", "b"], {"NN"})
+    assert tree.leaves() == ["a", "b"] and tree.height() <= MAX_DEPTH + 3
+    assert repairs == 900 - (MAX_DEPTH - 1)  # the brackets opened beyond the limit
+    assert Tree.fromstring(to_bracketed(tree)) == tree

@@ -17,7 +17,12 @@ from pipelines.errors import ConfigError, DataError
 from pipelines.evaluation import score, translate
 from pipelines.files import atomic_output, atomic_text, write_json
 from pipelines.parsing import trees
-from pipelines.parsing.corpus import parse_scores, target_tokens, treebank_pairs
+from pipelines.parsing.corpus import (
+    parse_scores,
+    target_tokens,
+    treebank_pairs,
+    vocabulary_tags,
+)
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -341,10 +346,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         if config.data.corpus == "ptb":  # parses: labelled F1 against the gold trees
             split = "test" if test_pairs is not None else "dev"
             _, gold = treebank_pairs(config.data.treebank_dir, split)
-            train, _ = treebank_pairs(
-                config.data.treebank_dir, "train", config.data.treebank_pos_tags
-            )
-            tags = trees.word_tags(target_tokens(train))
+            # The tags the vocabulary keeps whole, as `kt parse` reads them from an export.
+            tags = vocabulary_tags(os.path.join(out_dir, "sentencepiece.model"))
             result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold, tags)}
             with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
                 handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)

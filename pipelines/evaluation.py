@@ -18,6 +18,7 @@ def translate(
     beam_size=1,
     alpha=0.0,
     extra_length=None,
+    constraint=None,
 ):
     """Translations of a list of sentences, in order (greedy unless `beam_size` > 1).
 
@@ -32,6 +33,8 @@ def translate(
         alpha: float, beam search's length penalty exponent.
         extra_length: int or None, target pieces beyond the source pieces
             (None: translation's 50).
+        constraint: callable or None, restricts the search's next tokens
+            (a parser's `BracketConstraint`).
 
     Returns:
         list of str, one translation per sentence.
@@ -42,6 +45,7 @@ def translate(
     from pipelines.serving.translation import EXTRA_LENGTH, translate_strings
 
     options = {"extra_length": EXTRA_LENGTH if extra_length is None else extra_length}
+    options["constraint"] = constraint
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):

@@ -25,6 +25,7 @@ produced.
 """
 
 from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.constraints import BracketConstraint
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import filter_log_probs, sample
 from keras_transformer.decoding.steps import (
@@ -35,6 +36,7 @@ from keras_transformer.decoding.steps import (
     ban_special_tokens,
     force_prefix,
     gather_rows,
+    guide,
     length_penalty,
     prepare_search,
     score_hypotheses,
@@ -42,6 +44,7 @@ from keras_transformer.decoding.steps import (
 )
 
 __all__ = [
+    "BracketConstraint",
     "IMPOSSIBLE",
     "CachedSteps",
     "RecomputedSteps",
@@ -51,6 +54,7 @@ __all__ = [
     "force_prefix",
     "beam_search",
     "gather_rows",
+    "guide",
     "greedy_search",
     "length_penalty",
     "prepare_search",

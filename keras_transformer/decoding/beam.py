@@ -4,10 +4,9 @@ from keras import ops
 
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
-    ban_special_tokens,
     check_prefix,
-    force_prefix,
     gather_rows,
+    guide,
     length_penalty,
     prepare_search,
     write_column,
@@ -226,6 +225,7 @@ def beam_search(
     early_stop=False,
     target_prefix=None,
     return_attention=False,
+    constraint=None,
 ):
     """Beam search with the GNMT length penalty, returning the N best.
 
@@ -262,6 +262,8 @@ def beam_search(
             tokens, and the search continues from the cache they filled.
         return_attention: bool, also return each hypothesis's alignments (as
             `greedy_search` returns them).
+        constraint: callable or None, restricts each hypothesis's next
+            token (see `greedy_search`).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
@@ -290,11 +292,8 @@ def beam_search(
         model, source_ids, max_output_length, extra_length, use_cache, static_shapes,
         return_attention,
     )  # fmt: skip
-    beams = ops.arange(beam_size)
-
-    def rows_of(sentence_indices, hypotheses=beams[None]):
-        """`(n,)` sentence indices and `(n or 1, K)` hypotheses of each -> `(n * K,)` rows."""
-        return ops.reshape(sentence_indices[:, None] * beam_size + hypotheses, (-1,))
+    search = {"prefix": prefix, "constraint": constraint, "source_ids": source_ids}
+    search["limits"] = limits
 
     def condition(index, sentences, alive, state, finished, done, outputs):
         return ops.logical_and(index < width, ops.logical_not(ops.all(done)))
@@ -306,9 +305,9 @@ def beam_search(
         log_probs, state = steps.step(
             ops.reshape(alive_ids, (-1,)), state, index if static else None
         )  # (n * K, V)
-        log_probs = ban_special_tokens(model, log_probs)
         row_sentences = ops.repeat(sentences, beam_size)  # (n * K,)
-        log_probs = force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
+        history = ops.reshape(alive_tokens, (-1, width))  # (n * K, T)
+        log_probs = guide(model, log_probs, index, row_sentences, history, search)
         top_log_probs, origins, new_ids = _expand(alive_log_probs, log_probs, beam_size)
         extended = write_column(_take_rows(alive_tokens, origins), index, new_ids)  # (n, 2K, T)
         histories = ()
@@ -332,11 +331,11 @@ def beam_search(
             for output, values in zip(outputs, finished, strict=True)
         )
         # Each live hypothesis continues its parent's self-attention cache.
-        parent_rows = rows_of(ops.arange(ops.shape(parents)[0]), parents)  # (n * K,)
+        parent_rows = _rows_of(ops.arange(ops.shape(parents)[0]), beam_size, parents)  # (n * K,)
         state = {"source": state["source"], "target": gather_rows(state["target"], parent_rows)}
         if not static:
             sentences, alive, finished, done, state = _drop_done(
-                done, (sentences, alive, finished, done), state, rows_of
+                done, (sentences, alive, finished, done), state, beam_size
             )
         return index + 1, sentences, alive, state, finished, done, outputs
 
@@ -350,7 +349,15 @@ def beam_search(
     return ops.while_loop(condition, body, loop_vars + (outputs,))[-1]
 
 
-def _drop_done(done, per_sentence, state, rows_of):
+def _rows_of(sentence_indices, beam_size, hypotheses=None):
+    """`(n,)` sentence indices and `(n or 1, K)` hypotheses of each (all `K` by
+    default) -> `(n * K,)` rows of the hypotheses."""
+    if hypotheses is None:
+        hypotheses = ops.arange(beam_size)[None]
+    return ops.reshape(sentence_indices[:, None] * beam_size + hypotheses, (-1,))
+
+
+def _drop_done(done, per_sentence, state, beam_size):
     """Keeps the sentences that are not done, and the rows of their hypotheses.
 
     Returns `per_sentence` (a tuple of nested `(n, ...)` values) followed by
@@ -359,6 +366,6 @@ def _drop_done(done, per_sentence, state, rows_of):
 
     def drop():
         keep = ops.nonzero(ops.logical_not(done))[0]  # (n',)
-        return (*gather_rows(per_sentence, keep), gather_rows(state, rows_of(keep)))
+        return (*gather_rows(per_sentence, keep), gather_rows(state, _rows_of(keep, beam_size)))
 
     return ops.cond(ops.any(done), drop, lambda: (*per_sentence, state))

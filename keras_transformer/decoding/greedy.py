@@ -3,10 +3,9 @@
 from keras import ops
 
 from keras_transformer.decoding.steps import (
-    ban_special_tokens,
     check_prefix,
-    force_prefix,
     gather_rows,
+    guide,
     length_penalty,
     prepare_search,
 )
@@ -23,6 +22,7 @@ def greedy_search(
     static_shapes=None,
     target_prefix=None,
     return_attention=False,
+    constraint=None,
 ):
     """Decodes by taking the most probable token at every step.
 
@@ -47,6 +47,10 @@ def greedy_search(
         return_attention: bool, also return alignments: for each output
             token, the last decoder layer's attention over the source,
             averaged over heads (CTranslate2's `return_attention`).
+        constraint: callable or None, `(log_probs (R, V), history (R, T),
+            index, source_ids (R, S), limits (R,)) -> log_probs (R, V)` with
+            the tokens a row may not produce next made impossible (such as a
+            `BracketConstraint`).
 
     Returns:
         int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
@@ -73,7 +77,7 @@ def greedy_search(
 
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(
-        model, source_ids, most_probable, *options, return_attention
+        model, source_ids, most_probable, *options, return_attention, constraint
     )
     results = (tokens,)
     if return_scores:
@@ -93,6 +97,7 @@ def search_rows(
     static_shapes,
     prefix,
     return_attention=False,
+    constraint=None,
 ):
     """One token a row a step, as `choose` picks it: the loop greedy search and sampling share.
 
@@ -104,6 +109,7 @@ def search_rows(
         prefix: int `(B, P)` target prefix or None (`greedy_search`'s
             `target_prefix`).
         return_attention: bool, collect each token's alignment.
+        constraint: callable or None, as `greedy_search` takes it.
 
     Returns:
         `(tokens, totals, lengths, attention)`: int32 `(B, T)`, float32 `(B,)`
@@ -119,6 +125,8 @@ def search_rows(
     )  # fmt: skip
     if not static:
         state = gather_rows(state, rows)  # rows of a traced size, so they may leave
+    search = {"prefix": prefix, "constraint": constraint, "source_ids": source_ids}
+    search["limits"] = limits
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
     lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
@@ -136,8 +144,8 @@ def search_rows(
         # `rows` (R,) are the sentences of the rows still decoding; under
         # static shapes they are all sentences and `live` marks the unfinished.
         log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
-        log_probs = ban_special_tokens(model, log_probs)
-        log_probs = force_prefix(log_probs, prefix, rows, index, model.pad_id)
+        history = ops.take(tokens, rows, axis=0) if constraint is not None else None  # (R, T)
+        log_probs = guide(model, log_probs, index, rows, history, search)
         chosen, chosen_log_probs = choose(log_probs, index, rows)
         next_ids = ops.where(live, chosen, model.pad_id)
         row_totals = ops.take(totals, rows) + ops.where(live, chosen_log_probs, 0.0)

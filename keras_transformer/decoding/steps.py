@@ -2,8 +2,10 @@
 
 Public so that a search of your own (sampling, constrained decoding) can be
 built from the same pieces as `greedy_search` and `beam_search`:
-`prepare_search` sets a search up and returns a `SearchSetup`; `gather_rows`,
-`write_column` and `ban_special_tokens` are the bookkeeping every step does.
+`prepare_search` sets a search up and returns a `SearchSetup`; `guide` applies
+the banned tokens, a constraint and a forced prefix to a step's
+log-probabilities; `gather_rows` and `write_column` are the bookkeeping every
+step does.
 """
 
 import collections
@@ -222,13 +224,54 @@ def force_prefix(log_probs, target_prefix, row_sentences, index, pad_id):
     if target_prefix is None or target_prefix.shape[1] == 0:
         return log_probs
     prefix = ops.take(target_prefix, row_sentences, axis=0)  # (R, P)
-    lengths = ops.sum(ops.cast(ops.not_equal(prefix, pad_id), "int32"), axis=1)  # (R,)
     position = ops.minimum(index, ops.shape(prefix)[1] - 1)
     token = ops.take(prefix, position, axis=1)  # (R,)
     vocabulary = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # (V,)
-    forced = ops.expand_dims(index < lengths, 1)  # (R, 1)
+    forced = ops.expand_dims(_in_prefix(target_prefix, row_sentences, index, pad_id), 1)
     allowed = ops.equal(vocabulary[None], ops.expand_dims(token, 1)) | ops.logical_not(forced)
     return ops.where(allowed, log_probs, IMPOSSIBLE)
+
+
+def _in_prefix(target_prefix, row_sentences, index, pad_id):
+    """Bool `(R,)`: rows whose sentence's prefix still forces position `index`."""
+    if target_prefix is None or target_prefix.shape[1] == 0:
+        return ops.zeros(ops.shape(row_sentences), dtype="bool")
+    prefix = ops.take(target_prefix, row_sentences, axis=0)  # (R, P)
+    lengths = ops.sum(ops.cast(ops.not_equal(prefix, pad_id), "int32"), axis=1)  # (R,)
+    return index < lengths
+
+
+def guide(model, log_probs, index, row_sentences, history, search):
+    """A step's `(R, V)` log-probabilities restricted as the search asks.
+
+    Padding and start are banned (`ban_special_tokens`); then, on rows past
+    their target prefix, the constraint removes what it does not allow; then
+    rows inside their prefix can only produce it (`force_prefix`), whatever
+    the constraint allows.
+
+    Args:
+        model: the model searched (its `pad_id`, `bos_id`).
+        log_probs: float32 `(R, V)`.
+        index: int scalar, the position being decoded.
+        row_sentences: int `(R,)` sentence of each row.
+        history: int `(R, T)` the rows' tokens so far (read only under a
+            constraint; None without one).
+        search: dict with `prefix` (int `(B, P)` or None), `constraint`
+            (callable or None, see `greedy_search`), `source_ids` int `(B, S)`
+            and `limits` int `(B,)`.
+
+    Returns:
+        float32 `(R, V)`.
+    """
+    log_probs = ban_special_tokens(model, log_probs)
+    prefix, constraint = search["prefix"], search["constraint"]
+    if constraint is not None:
+        sources = ops.take(search["source_ids"], row_sentences, axis=0)  # (R, S)
+        limits = ops.take(search["limits"], row_sentences)  # (R,)
+        constrained = constraint(log_probs, history, index, sources, limits)
+        free = ops.logical_not(_in_prefix(prefix, row_sentences, index, model.pad_id))
+        log_probs = ops.where(free[:, None], constrained, log_probs)
+    return force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
 
 
 def check_prefix(target_prefix):

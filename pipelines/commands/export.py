@@ -4,12 +4,13 @@
 
 writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 `pipelines.serving.saved_model` for its signatures. The search (`--beam-size`,
-`--alpha`, `--extra-length`) defaults to the run's `decoding` settings in
+`--alpha`, `--extra-length`, `--tree-constraint`) defaults to the run's `decoding` settings in
 RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), and the
 version records what it was exported with in
 `assets.extra/keras_transformer.json`.
 """
 
+import argparse
 import os
 import sys
 
@@ -38,6 +39,12 @@ def _parse(argv, prog):
         "--extra-length",
         type=int,
         help="target pieces beyond a sentence's source pieces; defaults to the run's",
+    )
+    parser.add_argument(
+        "--tree-constraint",
+        action=argparse.BooleanOptionalAction,
+        help="parsers: searches write only well-formed trees over the input's words; "
+        "defaults to the run's",
     )
     parser.add_argument(
         "--nbest", type=int, help="hypotheses returned by `nbest` (default: up to 4)"
@@ -85,6 +92,7 @@ def _export(args):
         args.nbest,
         args.chunk_size,
         args.extra_length,
+        args.tree_constraint,
     )
     print(export(translator, base_dir, args.version))
 

@@ -56,6 +56,53 @@ def vocabulary_tags(sentencepiece_path):
     return trees.word_tags(whole) or None
 
 
+def bracket_constraint(sentencepiece_path, eos_id):
+    """The search constraint for a parser trained with `whole_target_tokens`.
+
+    Brackets (`▁(NP`, `▁)NP`) and tags are the vocabulary's user-defined
+    pieces; every piece that begins with the word mark begins a source word,
+    so a source's words are counted from its pieces.
+
+    Args:
+        sentencepiece_path: str, the run's (or the export's) `.model` file.
+        eos_id: int, the model's end-of-sequence id.
+
+    Returns:
+        a `keras_transformer.decoding.BracketConstraint`.
+
+    Raises:
+        DataError: the vocabulary keeps no tree token whole.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    from keras_transformer.decoding import BracketConstraint
+    from pipelines.data import tokenizer
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(sentencepiece_path, "rb") as handle:
+        proto.ParseFromString(handle.read())
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    ids = {piece.piece: i for i, piece in enumerate(proto.pieces)}
+    whole = {
+        piece.piece.lstrip(tokenizer.WORD_MARK): i
+        for i, piece in enumerate(proto.pieces)
+        if piece.type == user_defined
+    }
+    brackets = {
+        i: whole[")" + token[1:]]
+        for token, i in whole.items()
+        if token.startswith("(") and ")" + token[1:] in whole
+    }
+    leaves = [whole[token] for token in trees.word_tags(whole)]
+    if not brackets or not leaves:
+        raise DataError(
+            f"{sentencepiece_path} keeps no brackets or tags whole: was the parser trained "
+            "with batching.whole_target_tokens?"
+        )
+    starts = [i for piece, i in ids.items() if piece.startswith(tokenizer.WORD_MARK)]
+    return BracketConstraint(len(proto.pieces), brackets, leaves, starts, eos_id)
+
+
 def parse_lines(linearised, sentences, tags=None):
     """Trees from the model's linearised outputs, over the input sentences' words.
 

@@ -16,7 +16,13 @@ from pipelines.serving.versions import broken_version_message, resolve_version
 # Where an export records its search settings (beside TF Serving's warm-up file).
 SETTINGS_FILE = os.path.join("assets.extra", "keras_transformer.json")
 # What exports made before SETTINGS_FILE searched with.
-EARLIER_SETTINGS = {"beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50}
+EARLIER_SETTINGS = {
+    "beam_size": 4,
+    "alpha": 0.6,
+    "nbest": 4,
+    "extra_length": 50,
+    "tree_constraint": False,
+}
 
 
 def load_signature(path, name="translate"):
@@ -49,7 +55,8 @@ def export_settings(version):
     Returns:
         dict: `beam_size`, `alpha`, `nbest`, `extra_length` (target pieces a
         sentence may produce beyond its source pieces, end of sentence
-        included) and, for exports that record it, `max_source_length`.
+        included), `tree_constraint` (searches write only trees) and, for
+        exports that record it, `max_source_length`.
         Exports made before the settings file get the settings they used.
 
     Raises:

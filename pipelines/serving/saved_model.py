@@ -42,6 +42,7 @@ replaced by U+FFFD before tokenization.
 """
 
 import errno
+import functools
 import os
 import shutil
 
@@ -51,6 +52,7 @@ import tensorflow_text as tf_text
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder, write_json
+from pipelines.parsing.corpus import bracket_constraint
 from pipelines.serving.client import SETTINGS_FILE
 from pipelines.serving.translation import (
     CHUNK_SIZE,
@@ -91,6 +93,9 @@ class Translator(tf.Module):
         chunk_size: int, the most sentences searched at once.
         extra_length: int, target pieces a sentence may produce beyond its
             source pieces (end of sentence included).
+        tree_constraint: bool, a parser's searches write only well-formed
+            trees over the input's words (`BracketConstraint`, built from the
+            vocabulary's brackets and tags); sampling stays free.
     """
 
     def __init__(
@@ -103,31 +108,31 @@ class Translator(tf.Module):
         num_hypotheses=4,
         chunk_size=CHUNK_SIZE,
         extra_length=EXTRA_LENGTH,
+        tree_constraint=False,
     ):
         super().__init__(name="translator")
         # What `export` records for clients (`client.export_settings`).
         self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
+        self.search_settings["tree_constraint"] = tree_constraint
         check_special_ids(model, sentencepiece_path)
+        eos_id = model.eos_id
+        constraint = bracket_constraint(sentencepiece_path, eos_id) if tree_constraint else None
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
         with open(sentencepiece_path, "rb") as handle:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
 
-        def translate(sentences, beam_size, alpha, num_hypotheses, **options):
-            return translate_strings(
-                model,
-                self.tokenizer,
-                sentences,
-                beam_size=beam_size,
-                alpha=alpha,
-                num_hypotheses=num_hypotheses,
-                max_source_length=max_source_length,
-                chunk_size=chunk_size,
-                extra_length=extra_length,
-                **options,
-            )
+        translate = functools.partial(  # (sentences, beam_size, alpha, num_hypotheses, **options)
+            translate_strings,
+            model,
+            self.tokenizer,
+            max_source_length=max_source_length,
+            chunk_size=chunk_size,
+            extra_length=extra_length,
+            constraint=constraint,
+        )
 
         sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
 

@@ -34,6 +34,7 @@ def search(
     target_prefix=None,
     return_attention=False,
     extra_length=EXTRA_LENGTH,
+    constraint=None,
 ):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
@@ -49,6 +50,8 @@ def search(
             `model.pad_id`, or None.
         return_attention: bool, also return alignments.
         extra_length: int, target tokens beyond the source length.
+        constraint: callable or None, restricts each next token (see
+            `greedy_search`), such as a parser's `BracketConstraint`.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
@@ -58,6 +61,7 @@ def search(
         "target_prefix": target_prefix,
         "return_attention": return_attention,
         "extra_length": extra_length,
+        "constraint": constraint,
     }
 
     def greedy():
@@ -136,6 +140,7 @@ def translate_strings(
     prefixes=None,
     return_alignments=False,
     extra_length=EXTRA_LENGTH,
+    constraint=None,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -162,6 +167,8 @@ def translate_strings(
         return_alignments: bool, also return alignments (see Returns).
         extra_length: int, target pieces a sentence may produce beyond its
             source pieces (EOS included).
+        constraint: callable or None, restricts each next token (see
+            `greedy_search`).
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
@@ -197,7 +204,9 @@ def translate_strings(
             target_prefix = tf.pad(target_prefix, [[0, 0], [0, 1]], constant_values=model.pad_id)
         options = (use_cache, early_stop, target_prefix, return_alignments, extra_length)
         # (C, N, T), (C, N)[, (C, N, T, S)]
-        results = search(model, source_ids, beam_size, alpha, num_hypotheses, *options)
+        results = search(
+            model, source_ids, beam_size, alpha, num_hypotheses, *options, constraint=constraint
+        )
         texts = decode(tokenizer, results[0], model.eos_id)
         if not return_alignments:
             return texts, results[1]

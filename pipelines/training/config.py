@@ -158,6 +158,9 @@ class DecodingConfig:
     extra_length: int = setting(
         50, "target pieces a sentence may produce beyond its source pieces", low=1
     )
+    tree_constraint: bool = setting(
+        False, "parsers: the search writes only well-formed trees over the input's words"
+    )
 
 
 GROUPS = {

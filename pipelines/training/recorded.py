@@ -50,7 +50,7 @@ def run_decoding(run_dir):
         run_dir: str, a training output folder.
 
     Returns:
-        dict with `beam_size`, `alpha`, `extra_length`.
+        dict with `beam_size`, `alpha`, `extra_length`, `tree_constraint`.
 
     Raises:
         ConfigError: config.json is not a run's, or records a value of the

@@ -18,6 +18,7 @@ from pipelines.evaluation import score, translate
 from pipelines.files import atomic_output, atomic_text, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import (
+    bracket_constraint,
     parse_scores,
     target_tokens,
     treebank_pairs,
@@ -336,12 +337,17 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         ):
             with atomic_text(os.path.join(out_dir, name)) as handle:
                 handle.writelines(f"{text}\n" for text in texts)
+        constraint = None
+        if config.decoding.tree_constraint:
+            spm_path = os.path.join(out_dir, "sentencepiece.model")
+            constraint = bracket_constraint(spm_path, model.eos_id)
         hypotheses = translate(
             model,
             tok,
             sources,
             max_source_length=config.batching.max_length,
             extra_length=config.decoding.extra_length,
+            constraint=constraint,
         )
         if config.data.corpus == "ptb":  # parses: labelled F1 against the gold trees
             split = "test" if test_pairs is not None else "dev"

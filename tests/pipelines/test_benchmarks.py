@@ -146,7 +146,7 @@ def test_ptb_recipe_smoke(tmp_path):
     assert result["steps"] == 4
     # As the export records them: the flag's beam, the recipe's alpha and output limit.
     assert result["search"] == {"beam_size": 2, "alpha": 0.3, "nbest": 2, "extra_length": 300,
-                                "max_source_length": 640}  # fmt: skip
+                                "max_source_length": 640, "tree_constraint": True}  # fmt: skip
     assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too
     for split, sentences in (("dev", 6), ("test", 4)):
         found = result["splits"][split]

@@ -13,7 +13,12 @@ from pipelines.commands import translate as translate_command
 from pipelines.data.tokenizer import load_tokenizer
 from pipelines.errors import ExportError
 from pipelines.evaluation import translate
-from pipelines.parsing.corpus import parse_lines, parse_scores, vocabulary_tags
+from pipelines.parsing.corpus import (
+    bracket_constraint,
+    parse_lines,
+    parse_scores,
+    vocabulary_tags,
+)
 from pipelines.parsing.evalb import read_bracketed, score_trees
 from pipelines.parsing.trees import read_trees, to_bracketed
 from pipelines.serving import client
@@ -52,9 +57,14 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
     tokenizer = load_tokenizer(os.path.join(out, "sentencepiece.model"))
     sentences = [" ".join(tree.leaves()) for tree in gold]
-    greedy = translate(model, tokenizer, sentences, max_source_length=640, extra_length=40)
-    tags = vocabulary_tags(os.path.join(out, "sentencepiece.model"))
+    spm_path = os.path.join(out, "sentencepiece.model")
+    constraint = bracket_constraint(spm_path, model.eos_id)  # the recipe's tree_constraint
+    greedy = translate(
+        model, tokenizer, sentences, max_source_length=640, extra_length=40, constraint=constraint
+    )
+    tags = vocabulary_tags(spm_path)
     assert parsed == {"split": "dev", **parse_scores(greedy, gold, tags)}
+    assert parsed["repaired"] == 0  # constrained outputs are trees over the words
     processor = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(out, "sentencepiece.model")
     )
@@ -67,7 +77,7 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
     version = str(root / "saved" / "ptb" / "1")
     settings = client.export_settings(version)
     assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
-                        "max_source_length": 640}  # fmt: skip
+                        "max_source_length": 640, "tree_constraint": True}  # fmt: skip
     loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3
@@ -89,7 +99,7 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
 
 def test_exports_without_a_settings_file_searched_as_before(tmp_path):
     assert client.export_settings(str(tmp_path)) == {
-        "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50
+        "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50, "tree_constraint": False
     }  # fmt: skip
     (tmp_path / "assets.extra").mkdir()
     (tmp_path / "assets.extra" / "keras_transformer.json").write_text("[]")
@@ -120,6 +130,7 @@ def test_parse_writes_one_tree_a_line_over_the_input_words_and_parseval_scores_i
         [t.decode() for t in raw["translations"].numpy()], sentences, tags
     )
     assert lines == [to_bracketed(tree) for tree in expected]
+    assert repaired == 0  # the export searches under the recipe's tree constraint
     for line, sentence in zip(lines, sentences, strict=True):
         tree = read_bracketed(line)
         assert tree.label() == "TOP" and tree.leaves() == sentence.split()

@@ -234,6 +234,7 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         "beam_size": 4,
         "alpha": 0.6,
         "extra_length": 50,
+        "tree_constraint": False,
     }
     config = load_config("ptb", settings={"treebank_dir": "t", "decoding.alpha": 0.5})
     (tmp_path / "config.json").write_text(config.to_json())
@@ -241,12 +242,14 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         "beam_size": 21,
         "alpha": 0.5,
         "extra_length": 300,
+        "tree_constraint": True,
     }
     for bad, message in [
         ("[1]", "not a run's config.json"),
         ('{"decoding": 3}', "decoding is not an object"),
         ('{"decoding": {"beam_size": null}}', "beam_size may not be null"),
         ('{"decoding": {"alpha": -1}}', "alpha must be at least 0.0"),
+        ('{"decoding": {"tree_constraint": 1}}', "tree_constraint"),
         ('{"batching": [640]}', "batching is not an object"),
     ]:
         (tmp_path / "config.json").write_text(bad)

@@ -31,9 +31,9 @@ class BracketConstraint:
     Allowed at each step, where `depth` is the number of open brackets,
     `left` the source words without a leaf yet and `room` the tokens the
     hypothesis may still produce (its length limit minus the position):
-    - an opening bracket, while words are left and `room` can still hold the
-      bracket, its close, a leaf for each word left, the closes of the open
-      brackets and the end;
+    - an opening bracket, while words are left, fewer than `max_depth`
+      brackets are open, and `room` can still hold the bracket, its close, a
+      leaf for each word left, the closes of the open brackets and the end;
     - a leaf (a tag), inside a bracket, while words are left;
     - the closing bracket that matches the innermost open one, once the
       constituent it closes has a leaf, and unless it would close the root
@@ -42,7 +42,12 @@ class BracketConstraint:
       its leaf.
     Every other token (source-only pieces, padding, start) is impossible. A
     row where nothing would be allowed (a limit too short for its words) is
-    left unconstrained.
+    left unconstrained. Source and output ids share the vocabulary.
+
+    A source's words are its ids in `word_starts`: with a SentencePiece
+    vocabulary, a sentence's words once the tokenizer has normalised it, as
+    many as its space-separated words for plain text (a source cut to a
+    maximum length has only the words it kept).
 
     Args:
         vocabulary_size: int `V`.
@@ -52,6 +57,8 @@ class BracketConstraint:
         word_starts: iterable of int, the source ids that begin a word
             (SentencePiece pieces starting with the word mark).
         eos_id: int, the end-of-sequence id.
+        max_depth: int or None, the most brackets open at once (None: no
+            limit but the length).
 
     Call arguments:
         log_probs: float32 `(R, V)` next-token log-probabilities.
@@ -77,7 +84,7 @@ class BracketConstraint:
         al., 2017, section 6.3.
     """
 
-    def __init__(self, vocabulary_size, brackets, leaves, word_starts, eos_id):
+    def __init__(self, vocabulary_size, brackets, leaves, word_starts, eos_id, max_depth=None):
         kinds = np.full((vocabulary_size,), _OTHER, dtype="int32")
         closers = np.full((vocabulary_size,), -1, dtype="int32")
         for opening, closing in brackets.items():
@@ -87,6 +94,7 @@ class BracketConstraint:
         starts[list(word_starts)] = True
         self.vocabulary_size = vocabulary_size
         self.eos_id = eos_id
+        self.max_depth = max_depth
         self.kinds, self.closers, self.starts = kinds, closers, starts
 
     def __call__(self, log_probs, history, index, source_ids, limits):
@@ -114,9 +122,13 @@ class BracketConstraint:
         closing = ops.take(ops.convert_to_tensor(self.closers), top_token)  # (R,)
         filled = leaves - ops.take_along_axis(leaves_after, top_at, axis=1)[:, 0] > 0
 
+        # Each rule keeps room for the shortest ending: a leaf per word left,
+        # a close per open bracket, and the end of sequence.
         may_open = (left > 0) & (room >= left + depth + 3)
+        if self.max_depth is not None:
+            may_open = may_open & (depth < self.max_depth)
         may_leaf = (left > 0) & (depth > 0) & (room >= left + depth + 1)
-        may_close = (top >= 0) & filled & ((depth > 1) | (left == 0)) & (room >= left + depth)
+        may_close = (top >= 0) & filled & ((depth > 1) | (left == 0)) & (room >= left + depth + 1)
         may_end = (depth == 0) & (left == 0) & (leaves > 0)
         vocabulary = ops.arange(self.vocabulary_size, dtype="int32")[None]  # (1, V)
         allowed = (

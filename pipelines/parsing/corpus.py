@@ -100,7 +100,10 @@ def bracket_constraint(sentencepiece_path, eos_id):
             "with batching.whole_target_tokens?"
         )
     starts = [i for piece, i in ids.items() if piece.startswith(tokenizer.WORD_MARK)]
-    return BracketConstraint(len(proto.pieces), brackets, leaves, starts, eos_id)
+    # As deep as `trees.delinearize` reads without dropping brackets.
+    return BracketConstraint(
+        len(proto.pieces), brackets, leaves, starts, eos_id, max_depth=trees.MAX_DEPTH
+    )
 
 
 def parse_lines(linearised, sentences, tags=None):

@@ -52,7 +52,6 @@ import tensorflow_text as tf_text
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder, write_json
-from pipelines.parsing.corpus import bracket_constraint
 from pipelines.serving.client import SETTINGS_FILE
 from pipelines.serving.translation import (
     CHUNK_SIZE,
@@ -116,8 +115,7 @@ class Translator(tf.Module):
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         self.search_settings["tree_constraint"] = tree_constraint
         check_special_ids(model, sentencepiece_path)
-        eos_id = model.eos_id
-        constraint = bracket_constraint(sentencepiece_path, eos_id) if tree_constraint else None
+        constraint = _constraint(sentencepiece_path, model.eos_id) if tree_constraint else None
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
@@ -189,6 +187,13 @@ class Translator(tf.Module):
             "align": self.align,
             "sample": self.sample,
         }
+
+
+def _constraint(sentencepiece_path, eos_id):
+    """A parser's `BracketConstraint` (imported here: translators need no tree reader)."""
+    from pipelines.parsing.corpus import bracket_constraint
+
+    return bracket_constraint(sentencepiece_path, eos_id)
 
 
 def _captured_variables(functions):

@@ -343,6 +343,11 @@ def validate(config):
         raise ConfigError("corpus 'tfds' needs tfds_name (--tfds-name NAME)")
     if data.corpus == "ptb" and not data.treebank_dir:
         raise ConfigError("corpus 'ptb' needs treebank_dir (--treebank-dir)")
+    if config.decoding.tree_constraint and not config.batching.whole_target_tokens:
+        raise ConfigError(
+            "tree_constraint needs whole_target_tokens: the constraint reads the brackets and "
+            "tags from the vocabulary's whole pieces"
+        )
     arguments = config.model_arguments(config.batching.vocabulary_size)
     missing = [name for name in MODEL_SIZES if name not in arguments]
     if missing:

@@ -182,6 +182,14 @@ def test_no_preset_needs_every_size():
         validate(config)
 
 
+def test_the_tree_constraint_needs_whole_target_tokens():
+    config = load_config("ptb", settings={"treebank_dir": "t"})
+    validate(config)
+    config.batching.whole_target_tokens = False
+    with pytest.raises(ConfigError, match="tree_constraint needs whole_target_tokens"):
+        validate(config)
+
+
 def test_special_ids_come_from_the_tokenizer():
     ids = {"pad_id": 0, "bos_id": 2, "eos_id": 3}
     assert load_config().model_arguments(10, ids).items() >= ids.items()

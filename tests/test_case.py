@@ -41,6 +41,33 @@ def to_numpy(x):
     return np.asarray(ops.convert_to_numpy(x))
 
 
+def random_transformer(sources, vocabulary_size, num_layers, seed):
+    """A small `Transformer` with NumPy-drawn weights, the same under every backend.
+
+    Args:
+        sources: int `(B, S)` ids it is built on.
+        vocabulary_size: int.
+        num_layers: int.
+        seed: int, the weights' seed (normal, scale 0.3; LayerNorms left at 1 and 0).
+    """
+    from keras_transformer import Transformer
+
+    model = Transformer(
+        vocabulary_size=vocabulary_size,
+        num_layers=num_layers,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_heads=2,
+        dropout=0.0,
+    )
+    model((sources, sources))
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        if not weight.path.endswith(("gamma", "beta")):
+            weight.assign(rng.normal(0.0, 0.3, weight.shape).astype("float32"))
+    return model
+
+
 def gradient(function, x):
     """The gradient of a scalar `function` at the float array `x`, as NumPy, on any backend."""
     backend = keras.backend.backend()

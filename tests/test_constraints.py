@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer import Transformer, beam_search, greedy_search
+from keras_transformer import beam_search, greedy_search
 from keras_transformer.decoding import IMPOSSIBLE, BracketConstraint, score_hypotheses
-from tests.test_case import to_numpy
+from tests.test_case import random_transformer, to_numpy
 
 PAD, EOS, VOCABULARY = 0, 3, 16
 BRACKETS = {4: 6, 5: 7}  # (A -> )A, (B -> )B
@@ -139,20 +139,7 @@ def test_allowed_tokens_are_those_from_which_a_tree_can_still_end(sentence, limi
 
 @pytest.fixture(scope="module")
 def model():
-    model = Transformer(
-        vocabulary_size=VOCABULARY,
-        num_layers=1,
-        hidden_dim=16,
-        intermediate_dim=32,
-        num_heads=2,
-        dropout=0.0,
-    )
-    model((SOURCES, SOURCES))
-    rng = np.random.default_rng(3)
-    for weight in model.weights:
-        if not weight.path.endswith(("gamma", "beta")):
-            weight.assign(rng.normal(0.0, 0.3, weight.shape).astype("float32"))
-    return model
+    return random_transformer(SOURCES, VOCABULARY, num_layers=1, seed=3)
 
 
 def check_well_formed(tokens, words, max_depth=None):

@@ -6,7 +6,7 @@ import pytest
 
 from keras_transformer import Transformer, beam_search, greedy_search, length_penalty
 from keras_transformer.decoding import score_hypotheses
-from tests.test_case import to_numpy
+from tests.test_case import random_transformer, to_numpy
 
 PAD, EOS, VOCABULARY = 0, 3, 16
 EXTRA = 8  # extra target tokens over the source length; 50 in the paper, short here
@@ -18,22 +18,8 @@ SOURCES = np.array(
 
 @pytest.fixture(scope="module")
 def model():
-    model = Transformer(
-        vocabulary_size=VOCABULARY,
-        num_layers=2,
-        hidden_dim=16,
-        intermediate_dim=32,
-        num_heads=2,
-        dropout=0.0,
-    )
-    model((SOURCES, SOURCES))
-    # Weights from NumPy, the same under every backend; with this seed beam
-    # search ends most hypotheses with EOS and some at their length limit.
-    rng = np.random.default_rng(2)
-    for weight in model.weights:
-        if not weight.path.endswith(("gamma", "beta")):
-            weight.assign(rng.normal(0.0, 0.3, weight.shape).astype("float32"))
-    return model
+    # With this seed beam search ends most hypotheses with EOS and some at their length limit.
+    return random_transformer(SOURCES, VOCABULARY, num_layers=2, seed=2)
 
 
 def numpy_length_penalty(length, alpha):

@@ -44,8 +44,10 @@ def translate(
 
     from pipelines.serving.translation import EXTRA_LENGTH, translate_strings
 
-    options = {"extra_length": EXTRA_LENGTH if extra_length is None else extra_length}
-    options["constraint"] = constraint
+    options = {
+        "extra_length": EXTRA_LENGTH if extra_length is None else extra_length,
+        "constraint": constraint,
+    }
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):

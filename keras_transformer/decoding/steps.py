@@ -221,22 +221,23 @@ def force_prefix(log_probs, target_prefix, row_sentences, index, pad_id):
     Returns:
         float32 `(R, V)`.
     """
-    if target_prefix is None or target_prefix.shape[1] == 0:
+    if not _has_prefix(target_prefix):
         return log_probs
     prefix = ops.take(target_prefix, row_sentences, axis=0)  # (R, P)
     position = ops.minimum(index, ops.shape(prefix)[1] - 1)
     token = ops.take(prefix, position, axis=1)  # (R,)
     vocabulary = ops.arange(ops.shape(log_probs)[-1], dtype="int32")  # (V,)
-    forced = ops.expand_dims(_in_prefix(target_prefix, row_sentences, index, pad_id), 1)
+    forced = ops.expand_dims(_in_prefix(prefix, index, pad_id), 1)  # (R, 1)
     allowed = ops.equal(vocabulary[None], ops.expand_dims(token, 1)) | ops.logical_not(forced)
     return ops.where(allowed, log_probs, IMPOSSIBLE)
 
 
-def _in_prefix(target_prefix, row_sentences, index, pad_id):
-    """Bool `(R,)`: rows whose sentence's prefix still forces position `index`."""
-    if target_prefix is None or target_prefix.shape[1] == 0:
-        return ops.zeros(ops.shape(row_sentences), dtype="bool")
-    prefix = ops.take(target_prefix, row_sentences, axis=0)  # (R, P)
+def _has_prefix(target_prefix):
+    return target_prefix is not None and target_prefix.shape[1] != 0
+
+
+def _in_prefix(prefix, index, pad_id):
+    """Bool `(R,)`: rows whose prefix `(R, P)` (padded with `pad_id`) still forces `index`."""
     lengths = ops.sum(ops.cast(ops.not_equal(prefix, pad_id), "int32"), axis=1)  # (R,)
     return index < lengths
 
@@ -269,8 +270,12 @@ def guide(model, log_probs, index, row_sentences, history, search):
         sources = ops.take(search["source_ids"], row_sentences, axis=0)  # (R, S)
         limits = ops.take(search["limits"], row_sentences)  # (R,)
         constrained = constraint(log_probs, history, index, sources, limits)
-        free = ops.logical_not(_in_prefix(prefix, row_sentences, index, model.pad_id))
-        log_probs = ops.where(free[:, None], constrained, log_probs)
+        if not _has_prefix(prefix):
+            log_probs = constrained
+        else:  # the constraint starts where the prefix ends
+            rows_prefix = ops.take(prefix, row_sentences, axis=0)  # (R, P)
+            free = ops.logical_not(_in_prefix(rows_prefix, index, model.pad_id))
+            log_probs = ops.where(free[:, None], constrained, log_probs)
     return force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
 
 

@@ -8,6 +8,10 @@ linearised output back into bracketed trees over the input words.
 from pipelines.errors import DataError
 from pipelines.parsing import evalb, trees
 
+# SentencePiece's mark of a word's start (`pipelines.data.tokenizer.WORD_MARK`,
+# which imports TensorFlow; scoring trees needs none).
+WORD_MARK = "\u2581"
+
 
 def treebank_pairs(root, split, pos_tags=False):
     """`(sentence, target)` pairs of a split: the words, and the tree linearised.
@@ -46,14 +50,30 @@ def vocabulary_tags(sentencepiece_path):
     Returns:
         set of str, or None when the vocabulary keeps no token whole.
     """
+    _, whole = _vocabulary(sentencepiece_path)
+    return trees.word_tags(whole) or None
+
+
+def _vocabulary(sentencepiece_path):
+    """A SentencePiece model's pieces (list of str, by id) and the tokens it keeps
+    whole, without the word mark (dict of str to id).
+
+    Read from the model proto: sentencepiece's processor does not say which
+    pieces are user-defined.
+    """
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()
     with open(sentencepiece_path, "rb") as handle:
         proto.ParseFromString(handle.read())
     user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
-    whole = [piece.piece.lstrip("\u2581") for piece in proto.pieces if piece.type == user_defined]
-    return trees.word_tags(whole) or None
+    pieces = [piece.piece for piece in proto.pieces]
+    whole = {
+        piece.piece.lstrip(WORD_MARK): i
+        for i, piece in enumerate(proto.pieces)
+        if piece.type == user_defined
+    }
+    return pieces, whole
 
 
 def bracket_constraint(sentencepiece_path, eos_id):
@@ -73,21 +93,9 @@ def bracket_constraint(sentencepiece_path, eos_id):
     Raises:
         DataError: the vocabulary keeps no tree token whole.
     """
-    from sentencepiece import sentencepiece_model_pb2
-
     from keras_transformer.decoding import BracketConstraint
-    from pipelines.data import tokenizer
 
-    proto = sentencepiece_model_pb2.ModelProto()
-    with open(sentencepiece_path, "rb") as handle:
-        proto.ParseFromString(handle.read())
-    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
-    ids = {piece.piece: i for i, piece in enumerate(proto.pieces)}
-    whole = {
-        piece.piece.lstrip(tokenizer.WORD_MARK): i
-        for i, piece in enumerate(proto.pieces)
-        if piece.type == user_defined
-    }
+    pieces, whole = _vocabulary(sentencepiece_path)
     brackets = {
         i: whole[")" + token[1:]]
         for token, i in whole.items()
@@ -99,10 +107,10 @@ def bracket_constraint(sentencepiece_path, eos_id):
             f"{sentencepiece_path} keeps no brackets or tags whole: was the parser trained "
             "with batching.whole_target_tokens?"
         )
-    starts = [i for piece, i in ids.items() if piece.startswith(tokenizer.WORD_MARK)]
+    starts = [i for i, piece in enumerate(pieces) if piece.startswith(WORD_MARK)]
     # As deep as `trees.delinearize` reads without dropping brackets.
     return BracketConstraint(
-        len(proto.pieces), brackets, leaves, starts, eos_id, max_depth=trees.MAX_DEPTH
+        len(pieces), brackets, leaves, starts, eos_id, max_depth=trees.MAX_DEPTH
     )
 
 

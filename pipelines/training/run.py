@@ -309,7 +309,8 @@ def run_training(config):
 
 def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started):
     model = trainer.model
-    tok = tokenizer.load_tokenizer(os.path.join(out_dir, "sentencepiece.model"))
+    spm_path = os.path.join(out_dir, "sentencepiece.model")
+    tok = tokenizer.load_tokenizer(spm_path)
     checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
     model_path = os.path.join(out_dir, "model.keras")
     if config.output.average_last > 1 and len(checkpoints) > 1:
@@ -325,7 +326,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         "resumed_at_step": trainer.initial_step,
         "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},
         "model": model_path,
-        "sentencepiece_model": os.path.join(out_dir, "sentencepiece.model"),
+        "sentencepiece_model": spm_path,
     }
     evaluation = test_pairs if test_pairs is not None else validation_pairs
     if isinstance(evaluation, list) and evaluation:
@@ -339,7 +340,6 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
                 handle.writelines(f"{text}\n" for text in texts)
         constraint = None
         if config.decoding.tree_constraint:
-            spm_path = os.path.join(out_dir, "sentencepiece.model")
             constraint = bracket_constraint(spm_path, model.eos_id)
         hypotheses = translate(
             model,
@@ -353,7 +353,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
             split = "test" if test_pairs is not None else "dev"
             _, gold = treebank_pairs(config.data.treebank_dir, split)
             # The tags the vocabulary keeps whole, as `kt parse` reads them from an export.
-            tags = vocabulary_tags(os.path.join(out_dir, "sentencepiece.model"))
+            tags = vocabulary_tags(spm_path)
             result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold, tags)}
             with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
                 handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)

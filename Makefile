@@ -8,8 +8,11 @@ PYTEST := TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
 # oneDNN kernels: TensorFlow leaves them off on AMD CPUs; training ran 1.35x
 # faster with them (benchmarks/onednn_training.py).
 RUN_ENV := KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL=2 TF_ENABLE_ONEDNN_OPTS=1
-# Tests of backend-agnostic code (keras_transformer/); pipelines/ is TensorFlow-only.
-AGNOSTIC_TESTS := tests --ignore=tests/pipelines
+# Tests of backend-agnostic code (keras_transformer/); pipelines/ runs on TensorFlow,
+# and its training also on JAX (tests/jax_training).
+AGNOSTIC_TESTS := tests --ignore=tests/pipelines --ignore=tests/jax_training
+# Training on JAX, data-parallel over two virtual CPU devices (set before JAX starts).
+JAX_TRAINING := KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=2
 
 .PHONY: install demo train test test-slow lint
 
@@ -37,9 +40,11 @@ lint: install
 test: lint
 	KERAS_BACKEND=tensorflow $(PYTEST) tests
 	KERAS_BACKEND=jax $(PYTEST) $(AGNOSTIC_TESTS)
+	$(JAX_TRAINING) $(PYTEST) tests/jax_training
 	KERAS_BACKEND=torch $(PYTEST) $(AGNOSTIC_TESTS)
 
 # pytest exits 5 when no test carries the marker; that is not a failure.
 test-slow: install
 	KERAS_BACKEND=tensorflow $(PYTEST) -m slow tests || [ $$? -eq 5 ]
+	$(JAX_TRAINING) $(PYTEST) -m slow tests/jax_training || [ $$? -eq 5 ]
 	KERAS_BACKEND=torch $(PYTEST) -m slow $(AGNOSTIC_TESTS) || [ $$? -eq 5 ]

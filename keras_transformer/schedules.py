@@ -21,8 +21,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Zhai et al., 2022). A run that learns its length only while training (a
     time budget) calls `set_total_steps`; until then, or with `total_steps`
     of 0, there is no cooldown. `total_steps` lives in a variable, so setting
-    it reaches a TensorFlow train function already traced; a JAX train
-    function reads the value it was traced with.
+    it reaches a TensorFlow train function already traced; a compiled JAX
+    step sees a new value only if it takes `variables` as inputs (through
+    `keras.StatelessScope`), as the pipelines' `JaxTrainer` does.
 
     Args:
         hidden_dim: int, model size.
@@ -81,6 +82,11 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if self._total_steps is None:
             return None
         return int(keras.ops.convert_to_numpy(self._total_steps))
+
+    @property
+    def variables(self):
+        """list of `keras.Variable`: the state the schedule reads (`total_steps`), if any."""
+        return [] if self._total_steps is None else [self._total_steps]
 
     def set_total_steps(self, total_steps):
         """Sets the run's length in updates; the cooldown ends there.

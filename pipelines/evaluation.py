@@ -4,6 +4,8 @@ Scores are sacreBLEU's corpus BLEU and chrF with their signatures, so a number
 in a result file says how it was computed.
 """
 
+import keras
+import numpy as np
 import sacrebleu
 
 from pipelines.errors import DataError
@@ -48,6 +50,10 @@ def translate(
         "extra_length": EXTRA_LENGTH if extra_length is None else extra_length,
         "constraint": constraint,
     }
+    if keras.backend.backend() != "tensorflow":  # a model trained on JAX
+        return _translate_by_chunks(
+            model, tokenizer, sentences, max_source_length, beam_size, alpha, **options
+        )
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def decode(batch):
@@ -66,6 +72,38 @@ def translate(
     for start in range(0, len(sentences), batch_size):
         batch = tf.constant(sentences[start : start + batch_size])
         outputs.extend(text.decode("utf-8") for text in decode(batch).numpy())
+    return outputs
+
+
+def _translate_by_chunks(
+    model, tokenizer, sentences, max_source_length, beam_size, alpha, extra_length, constraint
+):
+    """`translate` for a model of another backend: TensorFlow tokenizes, the backend searches.
+
+    The graph of `translate_strings` holds TensorFlow ops only; here the
+    searches run eagerly on the model's backend, on length-sorted chunks of
+    `CHUNK_SIZE` sentences, with the same encoding, limits and decoding.
+    """
+    import tensorflow as tf
+
+    from keras_transformer.decoding import beam_search, greedy_search
+    from pipelines.serving.translation import CHUNK_SIZE, decode, encode
+
+    source = encode(tokenizer, tf.constant(sentences, tf.string), model.eos_id, max_source_length)
+    order = np.argsort(source.row_lengths().numpy(), kind="stable")
+    outputs = [""] * len(sentences)
+    for start in range(0, len(order), CHUNK_SIZE):
+        rows = order[start : start + CHUNK_SIZE]
+        source_ids = tf.gather(source, rows).to_tensor(model.pad_id).numpy()  # (C, S)
+        options = {"alpha": alpha, "extra_length": extra_length, "constraint": constraint}
+        if beam_size == 1:
+            tokens = greedy_search(model, source_ids, **options)  # (C, T)
+        else:
+            tokens = beam_search(model, source_ids, beam_size=beam_size, **options)[0][:, 0]
+        texts = decode(tokenizer, tf.constant(keras.ops.convert_to_numpy(tokens)), model.eos_id)
+        for row, text in zip(rows, texts.numpy(), strict=True):
+            if sentences[row].strip():  # a blank sentence translates to "", as in the graph
+                outputs[row] = text.decode("utf-8")
     return outputs
 
 

@@ -41,6 +41,33 @@ def to_numpy(x):
     return np.asarray(ops.convert_to_numpy(x))
 
 
+def token_batch(seed, batch_size=8, source_length=7, target_length=6):
+    """A training batch of random ids with unequal padding, as NumPy int32 arrays.
+
+    Rows hold different numbers of real tokens, so devices and micro-batches
+    that split it hold unequal token counts: a loss that averages per part
+    instead of over the whole batch gives another step.
+
+    Returns:
+        `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+    """
+    rng = np.random.default_rng(seed)
+    source = rng.integers(4, 30, (batch_size, source_length)).astype(np.int32)
+    target = rng.integers(4, 30, (batch_size, target_length + 1)).astype(np.int32)
+    for row in range(batch_size):
+        source[row, source_length - row % 4 :] = 0
+        target[row, target_length + 1 - row % 5 :] = 0
+    return (source, target[:, :-1]), target[:, 1:]
+
+
+def split_batch(batch, parts):
+    """`token_batch`'s batch cut by rows into `parts` equal micro-batches."""
+    (source, target_input), target_output = batch
+    size = source.shape[0] // parts
+    cut = lambda x, i: x[i * size : (i + 1) * size]  # noqa: E731
+    return [((cut(source, i), cut(target_input, i)), cut(target_output, i)) for i in range(parts)]
+
+
 def random_transformer(sources, vocabulary_size, num_layers, seed):
     """A small `Transformer` with NumPy-drawn weights, the same under every backend.
 

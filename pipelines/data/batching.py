@@ -95,7 +95,7 @@ def filter_by_length(max_length):
     return lambda dataset: dataset.filter(keep)
 
 
-def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1):
+def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=False, row_multiple=1):
     """Groups examples of similar source and target length into token-budget batches.
 
     Examples are keyed by the pair (source length bucket, target length
@@ -104,10 +104,20 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1):
     side of a padded batch exceeds `batch_tokens` tokens. Partly filled groups
     are emitted at the end of the input, so no example is lost.
 
+    With `fixed_shapes`, for compilers that build one program per input shape
+    (XLA under JAX), examples are keyed by the longer side's bucket alone and
+    every batch of a bucket has one shape: both sides padded to the bucket's
+    bound, and all-padding rows added up to the bucket's batch size, a
+    multiple of `row_multiple` (the devices a batch is split over). Padding
+    rows hold no real token, so token-exact losses ignore them. The shapes
+    are then as many as the buckets.
+
     Args:
         batch_tokens: int, token budget of one side of a padded batch.
         max_length: int, the longest sequence (see `filter_by_length`).
         ratio: float, spacing of the bucket bounds.
+        fixed_shapes: bool, one batch shape per bucket (see above).
+        row_multiple: int, with `fixed_shapes`, batch sizes are multiples of it.
 
     Returns:
         function for `dataset.apply`: examples -> padded batches, dicts of int32
@@ -119,26 +129,48 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1):
             f"batch_tokens must be at least max_length ({max_length}). "
             f"Received: batch_tokens={batch_tokens}"
         )
+    if row_multiple < 1:
+        raise ValueError(f"row_multiple must be positive. Received: row_multiple={row_multiple}")
     n = len(bounds)
-    sizes = [batch_tokens // max(bounds[i], bounds[j]) for i in range(n) for j in range(n)]
     bounds_tensor = tf.constant(bounds, tf.int32)
+    if fixed_shapes:
+        sizes = [max(batch_tokens // bound // row_multiple, 1) * row_multiple for bound in bounds]
+    else:
+        sizes = [batch_tokens // max(bounds[i], bounds[j]) for i in range(n) for j in range(n)]
     sizes_tensor = tf.constant(sizes, tf.int64)
 
     def key(example):
         source_length, target_length = _lengths(example)
         i = tf.searchsorted(bounds_tensor, [source_length], side="left")[0]
         j = tf.searchsorted(bounds_tensor, [target_length], side="left")[0]
-        return tf.cast(i * n + j, tf.int64)
+        return tf.cast(tf.maximum(i, j) if fixed_shapes else i * n + j, tf.int64)
 
     def batch_size_of(bucket):
         return tf.gather(sizes_tensor, bucket)
 
     def batch(bucket, window):
-        return window.padded_batch(
-            batch_size_of(bucket),
-            padded_shapes={"source": [None], "target": [None]},
+        if not fixed_shapes:
+            return window.padded_batch(
+                batch_size_of(bucket),
+                padded_shapes={"source": [None], "target": [None]},
+                padding_values=PAD_ID,
+            )
+        bound = tf.cast(tf.gather(bounds_tensor, bucket), tf.int64)
+        size = batch_size_of(bucket)
+
+        def fill_rows(padded):
+            missing = size - tf.cast(tf.shape(padded["source"])[0], tf.int64)
+            return {
+                name: tf.pad(ids, [[0, missing], [0, 0]], constant_values=PAD_ID)
+                for name, ids in padded.items()
+            }
+
+        batches = window.padded_batch(
+            size,
+            padded_shapes={"source": [bound], "target": [bound + 1]},
             padding_values=PAD_ID,
         )
+        return batches.map(fill_rows)
 
     return lambda dataset: dataset.group_by_window(
         key_func=key, reduce_func=batch, window_size_func=batch_size_of
@@ -280,6 +312,9 @@ def batch_examples(
     seed=0,
     shuffle_buffer=100_000,
     cache=True,
+    fixed_shapes=False,
+    row_multiple=1,
+    ratio=1.1,
 ):
     """The batching half of `make_dataset`, for already tokenized examples.
 
@@ -294,6 +329,11 @@ def batch_examples(
         seed: int, shuffling seed.
         shuffle_buffer: int, examples in the shuffle buffer.
         cache: bool, keep tokenized examples in memory after the first pass.
+        fixed_shapes: bool, one batch shape per length bucket, for JAX (see
+            `bucket_by_token_budget`).
+        row_multiple: int, with `fixed_shapes`, batch sizes are multiples of
+            it (the devices a batch is split over).
+        ratio: float, spacing of the length buckets' bounds.
 
     Returns:
         `tf.data.Dataset` as in `make_dataset`.
@@ -304,7 +344,11 @@ def batch_examples(
         examples = examples.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         examples = examples.repeat()
-    batches = examples.apply(bucket_by_token_budget(batch_tokens, max_length))
+    batches = examples.apply(
+        bucket_by_token_budget(
+            batch_tokens, max_length, ratio, fixed_shapes=fixed_shapes, row_multiple=row_multiple
+        )
+    )
     if shuffle:
         batches = batches.shuffle(256, seed=seed + 1, reshuffle_each_iteration=True)
     return batches.apply(to_model_inputs()).prefetch(AUTOTUNE)

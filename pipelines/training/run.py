@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import keras
 import tensorflow as tf
@@ -25,6 +26,7 @@ from pipelines.parsing.corpus import (
     vocabulary_tags,
 )
 from pipelines.training.checkpoints import average_checkpoints, repair_backup
+from pipelines.training.loop import optimizer_steps
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
 
@@ -32,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 # The step limit of a run that only a time budget ends.
 UNLIMITED_STEPS = 10**9
+
+# Length buckets spaced this far apart under JAX, where each bucket is one
+# batch shape and each shape one XLA compilation of the step (seconds each
+# on a CPU): half the shapes of TensorFlow's 1.1 for a little more padding.
+JAX_BUCKET_RATIO = 1.25
 
 
 @functools.cache
@@ -224,16 +231,119 @@ def _train_dataset_fn(config, examples):
     return dataset_fn
 
 
+def _tensorflow_parallel(config):
+    """The TensorFlow half of a run: tf.distribute strategy, per-replica batches, `Trainer`."""
+    strategy, worker = make_strategy()
+    options = config.optimization
+    return SimpleNamespace(
+        worker=worker,
+        scope=strategy.scope,
+        train_data=lambda examples: _train_dataset_fn(config, examples),
+        validation_data=lambda examples: batching.batch_examples(
+            examples, config.batching.batch_tokens, config.batching.max_length, shuffle=False
+        ),
+        trainer=lambda model, optimizer, schedule: Trainer(
+            model,
+            optimizer,
+            strategy,
+            label_smoothing=options.label_smoothing,
+            accumulation_steps=options.accumulation_steps,
+            jit_compile=options.xla,
+        ),
+        clock=lambda started: budget_clock(strategy, started),
+    )
+
+
+def _jax_parallel(config):
+    """The JAX half of a run: `DataParallel` over every device, fixed-shape batches, `JaxTrainer`.
+
+    Every process reads the same global batches of about `batch_tokens`
+    tokens (see `JaxTrainer`); batch sizes are multiples of the device count.
+    """
+    from pipelines.training.jax_trainer import JaxTrainer, jax_budget_clock, make_distribution
+
+    if config.optimization.mixed_precision == "mixed_float16":
+        raise ConfigError(
+            "optimization.mixed_precision: mixed_float16 needs loss scaling, which training "
+            "on JAX does not do; use mixed_bfloat16"
+        )
+    distribution, worker = make_distribution()
+    batch = functools.partial(
+        batching.batch_examples,
+        batch_tokens=config.batching.batch_tokens,
+        max_length=config.batching.max_length,
+        fixed_shapes=True,
+        row_multiple=distribution.device_mesh.devices.size,
+        ratio=JAX_BUCKET_RATIO,
+    )
+    options = config.optimization
+    return SimpleNamespace(
+        worker=worker,
+        scope=distribution.scope,
+        train_data=lambda examples: batch(examples, shuffle=True, repeat=True, seed=options.seed),
+        validation_data=lambda examples: batch(examples, shuffle=False),
+        trainer=lambda model, optimizer, schedule: JaxTrainer(
+            model,
+            optimizer,
+            distribution,
+            label_smoothing=options.label_smoothing,
+            accumulation_steps=options.accumulation_steps,
+            schedule=schedule,
+        ),
+        clock=jax_budget_clock,
+    )
+
+
+def build_model(config, spm_path):
+    """The run's `Transformer`, learning-rate schedule and optimizer, as `config` sets them.
+
+    Call it under the run's strategy or distribution scope, after
+    `keras.utils.set_random_seed(config.optimization.seed)`: the same seed
+    gives the same initial weights.
+
+    Args:
+        config: a `TrainConfig`.
+        spm_path: str, the run's SentencePiece model (vocabulary size, special ids).
+
+    Returns:
+        `(model, schedule, optimizer)`: a built `Transformer`, its
+        `TransformerSchedule` and the optimizer on it.
+    """
+    arguments = config.model_arguments(
+        tokenizer.vocabulary_size(spm_path), tokenizer.special_ids(spm_path)
+    )
+    model = kt.Transformer(**arguments)
+    model.build(((None, None), (None, None)))
+    # With a time budget the run's length is known only once steps are
+    # timed: `TimeBudget` sets the schedule's total then.
+    schedule = kt.TransformerSchedule(
+        model.hidden_dim,
+        config.optimization.warmup_steps,
+        config.optimization.learning_rate_scale,
+        total_steps=None if config.budget.max_minutes else config.optimization.steps,
+        cooldown=config.optimization.cooldown,
+    )
+    optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule)
+    if config.optimization.mixed_precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return model, schedule, optimizer
+
+
 def run_training(config):
     """Trains as configured; writes the outputs listed in `kt train --help`.
+
+    Runs on the TensorFlow backend (tf.distribute) or the JAX backend
+    (`keras.distribution.DataParallel`), with the same steps and outputs.
 
     Returns:
         dict of results: steps, final losses, validation BLEU, paths.
     """
     started = time.perf_counter()
-    if keras.backend.backend() != "tensorflow":
-        raise ConfigError(f"pipelines need KERAS_BACKEND=tensorflow, not {keras.backend.backend()}")
-    strategy, worker = make_strategy()
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        raise ConfigError(f"kt train needs KERAS_BACKEND=tensorflow or jax, not {backend}")
+    parallel = _jax_parallel(config) if backend == "jax" else _tensorflow_parallel(config)
+    worker = parallel.worker
     out_dir = (
         config.output.output_dir
         if worker == 0
@@ -256,51 +366,23 @@ def run_training(config):
     tok = tokenizer.load_tokenizer(spm_path)
     data_dir = os.path.join(out_dir, "data")
     train = _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"), spm_path)
-    train_data = _train_dataset_fn(config, train)
     validation_data = None
     if validation_pairs is not None:
         validation = _tokenized(config, validation_pairs, tok, os.path.join(data_dir, "validation"))
-        validation_data = batching.batch_examples(
-            validation, config.batching.batch_tokens, config.batching.max_length, shuffle=False
-        )
+        validation_data = parallel.validation_data(validation)
 
     if config.optimization.mixed_precision:
         keras.mixed_precision.set_dtype_policy(config.optimization.mixed_precision)
     keras.utils.set_random_seed(config.optimization.seed)
-    with strategy.scope():
-        arguments = config.model_arguments(
-            tokenizer.vocabulary_size(spm_path), tokenizer.special_ids(spm_path)
-        )
-        model = kt.Transformer(**arguments)
-        model.build(((None, None), (None, None)))
-        # With a time budget the run's length is known only once steps are
-        # timed: `TimeBudget` sets the schedule's total then.
-        schedule = kt.TransformerSchedule(
-            model.hidden_dim,
-            config.optimization.warmup_steps,
-            config.optimization.learning_rate_scale,
-            total_steps=None if config.budget.max_minutes else config.optimization.steps,
-            cooldown=config.optimization.cooldown,
-        )
-        optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule)
-        if config.optimization.mixed_precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    with parallel.scope():
+        model, schedule, optimizer = build_model(config, spm_path)
     logger.info("Model: %s parameters", f"{model.count_params():,}")
-    trainer = Trainer(
-        model,
-        optimizer,
-        strategy,
-        label_smoothing=config.optimization.label_smoothing,
-        accumulation_steps=config.optimization.accumulation_steps,
-        jit_compile=config.optimization.xla,
-    )
+    trainer = parallel.trainer(model, optimizer, schedule)
     history = trainer.fit(
-        train_data,
+        parallel.train_data(train),
         steps=config.optimization.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.optimization.steps_per_epoch,
-        callbacks=_callbacks(
-            config, out_dir, worker == 0, budget_clock(strategy, started), schedule
-        ),
+        callbacks=_callbacks(config, out_dir, worker == 0, parallel.clock(started), schedule),
         validation_data=validation_data,
         verbose=1 if worker == 0 and _terminal() else 0,
     )
@@ -321,7 +403,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
         with atomic_output(model_path, suffix=".keras") as staging:
             model.save(staging)
     result = {
-        "steps": int(trainer.optimizer.iterations.numpy()),
+        "steps": optimizer_steps(trainer.optimizer),
         "final_learning_rate": trainer.learning_rate(),
         "resumed_at_step": trainer.initial_step,
         "history": {k: [round(float(x), 5) for x in v] for k, v in history.history.items()},

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from pipelines.files import write_json
+from pipelines.training.loop import TrainingLoop, optimizer_steps
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def _correct_tokens(labels, logits, pad_id):
     return tf.reduce_sum(tf.cast(tf.logical_and(real, tf.equal(predictions, labels)), tf.float32))
 
 
-class Trainer:
+class Trainer(TrainingLoop):
     """Trains a `Transformer` on a tf.data dataset under a distribution strategy.
 
     Create the model and the optimizer inside `strategy.scope()`, then hand
@@ -194,10 +195,6 @@ class Trainer:
             "tokens": tokens,
         }
 
-    def learning_rate(self):
-        """float: the rate the optimizer's next update will use."""
-        return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
-
     def _distribute(self, dataset, skip):
         """The distributed dataset, `skip` batches (per replica) into its stream.
 
@@ -215,86 +212,6 @@ class Trainer:
                 lambda context: dataset(context).skip(skip)
             )
         return self.strategy.experimental_distribute_dataset(dataset.skip(skip))
-
-    def fit(
-        self,
-        dataset,
-        steps,
-        steps_per_epoch=None,
-        callbacks=None,
-        validation_data=None,
-        validation_steps=None,
-        verbose="auto",
-    ):
-        """Trains until the optimizer has taken `steps` steps in total.
-
-        Args:
-            dataset: `tf.data.Dataset` of global batches as in `train_step`,
-                repeated (it is read `steps * accumulation_steps` times at
-                most), split across replicas; or a function of a
-                `tf.distribute.InputContext` returning each replica's dataset
-                (`strategy.distribute_datasets_from_function`). A run
-                resumed at step n skips the first `n * accumulation_steps`
-                batches, so the input must give the same batches each time
-                it is built (a seeded shuffle does).
-            steps: int, total optimizer steps, restored ones included.
-            steps_per_epoch: int, steps between epoch-end callbacks (validation,
-                checkpoints). Defaults to `steps`.
-            callbacks: list of `keras.callbacks.Callback`.
-            validation_data: finite `tf.data.Dataset`, evaluated each epoch
-                into `val_loss` and `val_accuracy`.
-            validation_steps: int or None, batches of `validation_data` used.
-            verbose: 0, 1, 2 or "auto" as in `model.fit`.
-
-        Returns:
-            `keras.callbacks.History` of per-epoch logs: `loss`, `accuracy`,
-            `learning_rate`, `tokens_per_second`, `val_*`.
-        """
-        steps_per_epoch = steps_per_epoch or steps
-        epochs = math.ceil(steps / steps_per_epoch)
-        callbacks = keras.callbacks.CallbackList(
-            callbacks,
-            add_history=True,
-            add_progbar=verbose != 0,
-            verbose=1 if verbose == "auto" else verbose,
-            epochs=epochs,
-            steps=steps_per_epoch,
-            model=self.model,
-        )
-        self.model.stop_training = False
-        callbacks.on_train_begin()
-        step = int(self.optimizer.iterations.numpy())  # > 0 after BackupAndRestore
-        self.initial_step = step
-        if step:
-            logger.info("Resuming at step %d of %d", step, steps)
-        iterator = iter(self._distribute(dataset, skip=step * self.accumulation_steps))
-        logs = {}
-        for epoch in range(step // steps_per_epoch, epochs):
-            callbacks.on_epoch_begin(epoch)
-            sums, started = [0.0, 0.0, 0.0], time.perf_counter()
-            last = min(steps_per_epoch, steps - epoch * steps_per_epoch)
-            for batch in range(step - epoch * steps_per_epoch, last):
-                callbacks.on_train_batch_begin(batch)
-                totals = self.train_step(iterator).numpy()
-                sums = [a + float(b) for a, b in zip(sums, totals, strict=True)]
-                step += 1
-                logs = {
-                    "loss": sums[0] / max(sums[1], 1.0),
-                    "accuracy": sums[2] / max(sums[1], 1.0),
-                    "learning_rate": self.learning_rate(),
-                    "tokens_per_second": sums[1] / (time.perf_counter() - started),
-                }
-                callbacks.on_train_batch_end(batch, logs)
-                if self.model.stop_training:
-                    break
-            if validation_data is not None:
-                val_logs = self.evaluate(validation_data, validation_steps)
-                logs.update({f"val_{k}": v for k, v in val_logs.items() if k != "tokens"})
-            callbacks.on_epoch_end(epoch, logs)
-            if self.model.stop_training:
-                break
-        callbacks.on_train_end(logs)
-        return self.model.history
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -358,7 +275,7 @@ class TimeBudget(keras.callbacks.Callback):
         self._durations = []
 
     def _step(self):
-        return int(self.model.optimizer.iterations.numpy())
+        return optimizer_steps(self.model.optimizer)
 
     def _cooling(self):
         cooldown = self.schedule.cooldown if self.schedule is not None else 0.0

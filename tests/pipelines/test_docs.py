@@ -10,7 +10,9 @@ import pytest
 
 from tests.test_case import modules_with_examples
 
-MODULES = modules_with_examples("pipelines")
+# JaxTrainer's examples need the JAX backend: tests/jax_training runs them.
+JAX_MODULES = {"pipelines.training.jax_trainer"}
+MODULES = [(name, n) for name, n in modules_with_examples("pipelines") if name not in JAX_MODULES]
 
 
 def test_the_library_modules_have_examples():

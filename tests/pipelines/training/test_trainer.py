@@ -10,35 +10,18 @@ import keras_transformer as kt
 from pipelines.training.run import make_strategy
 from pipelines.training.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus
+from tests.test_case import split_batch, token_batch
 
 # Mirrored tests share the process's one strategy (see make_strategy).
 needs_two_cpus = pytest.mark.skipif(not two_cpus(), reason="needs 2 logical CPU devices")
 
 
-def make_batch(seed, batch_size=8, source_length=7, target_length=6):
-    rng = np.random.default_rng(seed)
-    source = rng.integers(4, 30, (batch_size, source_length))
-    target = rng.integers(4, 30, (batch_size, target_length + 1))
-    # Unequal padding, so replicas and micro-batches hold unequal token counts.
-    for row in range(batch_size):
-        source[row, source_length - row % 4 :] = 0
-        target[row, target_length + 1 - row % 5 :] = 0
-    as_int = lambda x: tf.constant(x, tf.int32)  # noqa: E731
-    return ((as_int(source), as_int(target[:, :-1])), as_int(target[:, 1:]))
+def make_batch(seed):
+    return tf.nest.map_structure(tf.constant, token_batch(seed))
 
 
 def split(batch, parts):
-    (source, target_input), target_output = batch
-    size = source.shape[0] // parts
-    return [
-        tuple(
-            (
-                (source[i * size : (i + 1) * size], target_input[i * size : (i + 1) * size]),
-                target_output[i * size : (i + 1) * size],
-            )
-        )
-        for i in range(parts)
-    ]
+    return split_batch(batch, parts)
 
 
 def one_step(strategy, batches, accumulation_steps=1, optimizer="sgd"):

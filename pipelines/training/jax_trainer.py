@@ -1,0 +1,298 @@
+"""Training on the JAX backend: `Trainer`'s token-exact steps, data-parallel through Keras.
+
+`JaxTrainer` keeps `Trainer`'s loop and callbacks (`TrainingLoop`) and
+compiles its own step with `jax.jit` over Keras's stateless API
+(`model.stateless_call`, the optimizer's `apply` in a `keras.StatelessScope`)
+rather than using `keras.Model.fit`, which cannot give the same run
+(Keras 3.15): its gradient accumulation (`gradient_accumulation_steps`)
+averages each micro-batch's own token mean, where a step here divides the
+loss summed over every micro-batch by their total token count; a run that
+`BackupAndRestore` resumes starts its input stream anew, where the loop
+reads on from the batch the interrupted run stopped at; and the variables a
+learning-rate schedule reads (the time budget's `total_steps`) would be
+constants of the compiled step, fixed when it was traced.
+
+Data parallelism: build the model and the trainer under a
+`keras.distribution.DataParallel` scope, so the variables are replicated on
+every device; each global batch is split by rows over the devices (the rows
+must divide by their number) and XLA all-reduces the gradients. The summed
+loss and token count are those of the global batch, so N devices take the
+step one device takes on the same batch. With several processes
+(`keras.distribution.initialize`), each reads the same global batches and
+places its own devices' rows.
+"""
+
+import functools
+import logging
+import os
+import time
+
+import jax
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+from pipelines.training.loop import TrainingLoop
+
+logger = logging.getLogger(__name__)
+
+
+def correct_tokens(labels, logits, pad_id):
+    """float32 scalar: real (non-pad) tokens of `labels` (B, T) that `logits` (B, T, V) predict."""
+    predictions = ops.argmax(logits, axis=-1)
+    real = ops.not_equal(labels, pad_id)
+    right = ops.equal(ops.cast(predictions, "int32"), ops.cast(labels, "int32"))
+    return ops.sum(ops.cast(ops.logical_and(real, right), "float32"))
+
+
+def _values(variables):
+    return [variable.value for variable in variables]
+
+
+def _assign(variables, values):
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)
+
+
+class JaxTrainer(TrainingLoop):
+    """Trains a `Transformer` on the JAX backend, on one device or data-parallel.
+
+    The same interface and results as `Trainer`: `fit` counts optimizer
+    steps (restored ones included), each step's loss is the token mean of
+    the global batch over all `accumulation_steps` micro-batches, and the
+    Keras variables hold the trained state after every step, for callbacks
+    and checkpoints.
+
+    Args:
+        model: a built `Transformer`, created under `distribution`'s scope.
+        optimizer: a Keras optimizer (not a `LossScaleOptimizer`: use the
+            `mixed_bfloat16` policy on JAX, which needs no loss scaling).
+        distribution: a `keras.distribution.Distribution`, or None for the
+            current one (None: one device).
+        label_smoothing: float, section 5.4.
+        accumulation_steps: int, micro-batches per optimizer step.
+        schedule: the optimizer's learning-rate schedule, where it holds
+            variables that change while training (`TransformerSchedule`
+            with a cooldown): the compiled step reads them as inputs.
+
+    Example:
+    >>> import keras_transformer as kt, tensorflow as tf
+    >>> model = kt.Transformer(50, num_layers=1, hidden_dim=8, intermediate_dim=16, num_heads=2)
+    >>> model.build(((None, None), (None, None)))
+    >>> trainer = JaxTrainer(model, keras.optimizers.Adam(1e-3))
+    >>> source = tf.constant([[5, 6, 3]]); target = tf.constant([[2, 5, 6, 3]])
+    >>> data = tf.data.Dataset.from_tensors(((source, target[:, :-1]), target[:, 1:])).repeat()
+    >>> history = trainer.fit(data, steps=2, verbose=0)
+    >>> int(trainer.optimizer.iterations)
+    2
+    """
+
+    def __init__(
+        self,
+        model,
+        optimizer,
+        distribution=None,
+        label_smoothing=0.1,
+        accumulation_steps=1,
+        schedule=None,
+    ):
+        if keras.backend.backend() != "jax":
+            raise ValueError(f"JaxTrainer needs the JAX backend, not {keras.backend.backend()}")
+        if accumulation_steps < 1:
+            raise ValueError(
+                "accumulation_steps must be >= 1. "
+                f"Received: accumulation_steps={accumulation_steps}"
+            )
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "JaxTrainer does not scale losses: train in mixed_bfloat16, not mixed_float16"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.distribution = distribution or keras.distribution.distribution()
+        self.accumulation_steps = accumulation_steps
+        self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
+        self._schedule_variables = list(schedule.variables) if schedule is not None else []
+        model.compile(optimizer=optimizer, loss=self.loss)
+        if self.distribution is None:
+            optimizer.build(model.trainable_variables)
+        else:
+            with self.distribution.scope():  # replicated like the model's variables
+                optimizer.build(model.trainable_variables)
+        # The state a step replaces is donated, so the weights are held once
+        # (an applying step's outputs have no room for accumulated gradients).
+        self._accumulate_function = jax.jit(self._accumulate, donate_argnums=(1, 2))
+        self._apply_function = jax.jit(self._apply, donate_argnums=(0, 1, 2))
+        self._evaluate_function = jax.jit(self._sums, static_argnames="training")
+
+    # Compiled functions --------------------------------------------------
+
+    def _sums(self, trainable, non_trainable, batch, training=False):
+        (source_ids, target_input_ids), target_output_ids = batch
+        logits, non_trainable = self.model.stateless_call(
+            trainable, non_trainable, (source_ids, target_input_ids), training=training
+        )  # (B, T, V)
+        loss_sum, tokens = self.loss.token_sums(target_output_ids, logits)
+        correct = correct_tokens(target_output_ids, logits, self.model.pad_id)
+        return ops.stack([loss_sum, tokens, correct]), non_trainable  # (3,)
+
+    def _gradients(self, trainable, non_trainable, pending, batch):
+        """Gradients of the summed loss and the sums, added to `pending` ones."""
+
+        def loss_sum(trainable):
+            sums, updated = self._sums(trainable, non_trainable, batch, training=True)
+            return sums[0], (sums, updated)
+
+        gradients, (sums, non_trainable) = jax.grad(loss_sum, has_aux=True)(trainable)
+        if pending is not None:
+            gradients = [g + p for g, p in zip(gradients, pending[0], strict=True)]
+            sums = sums + pending[1]
+        return gradients, sums, non_trainable
+
+    def _accumulate(self, trainable, non_trainable, pending, batch):
+        gradients, sums, non_trainable = self._gradients(trainable, non_trainable, pending, batch)
+        return non_trainable, (gradients, sums)
+
+    def _apply(self, trainable, non_trainable, optimizer_variables, pending, schedule, batch):
+        gradients, sums, non_trainable = self._gradients(trainable, non_trainable, pending, batch)
+        scale = 1.0 / ops.maximum(sums[1], 1.0)  # the global batch's token mean
+        gradients = [g * scale for g in gradients]
+        mapping = [
+            *zip(self.model.trainable_variables, trainable, strict=True),
+            *zip(self.optimizer.variables, optimizer_variables, strict=True),
+            *zip(self._schedule_variables, schedule, strict=True),
+        ]
+        # `optimizer.stateless_apply`, with the schedule's variables mapped too.
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self.optimizer.apply(gradients)
+        trainable = [scope.get_current_value(v) for v in self.model.trainable_variables]
+        optimizer_variables = [scope.get_current_value(v) for v in self.optimizer.variables]
+        return trainable, non_trainable, optimizer_variables, sums
+
+    # The loop's half -----------------------------------------------------
+
+    def _place(self, batch):
+        """A global batch of NumPy arrays as JAX arrays split by rows over the devices."""
+        return jax.tree.map(self._place_array, batch)
+
+    def _place_array(self, array):
+        if self.distribution is None:
+            return jax.numpy.asarray(array)
+        devices = len(self.distribution.device_mesh.devices.flatten())
+        if array.shape[0] % devices:
+            raise ValueError(
+                f"A batch of {array.shape[0]} rows does not split over {devices} devices: "
+                "batch with a row multiple of the device count (`batching.batch_examples`'s "
+                "row_multiple)"
+            )
+        layout = self.distribution.get_data_layout(array.shape)
+        if jax.process_count() == 1:
+            return keras.distribution.distribute_tensor(array, layout)
+        # Every process reads the same global batch and places its own rows.
+        rows = array.shape[0] // jax.process_count()
+        local = array[jax.process_index() * rows : (jax.process_index() + 1) * rows]
+        return jax.make_array_from_process_local_data(layout.backend_layout, local, array.shape)
+
+    def _distribute(self, dataset, skip):
+        """The placed batches of `dataset`, `skip` batches into its stream (see `Trainer`)."""
+        if skip:
+            logger.info("Skipping the %d batches the restored steps read", skip)
+        return (self._place(batch) for batch in dataset.skip(skip).as_numpy_iterator())
+
+    def train_step(self, iterator):
+        """One optimizer step over `accumulation_steps` micro-batches.
+
+        Args:
+            iterator: iterator over placed batches of
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+
+        Returns:
+            float32 `(3,)`: summed loss, real tokens and correct tokens of the
+            global batch.
+        """
+        model, optimizer = self.model, self.optimizer
+        trainable = _values(model.trainable_variables)
+        non_trainable = _values(model.non_trainable_variables)
+        pending = None
+        for _ in range(self.accumulation_steps - 1):
+            non_trainable, pending = self._accumulate_function(
+                trainable, non_trainable, pending, next(iterator)
+            )
+        trainable, non_trainable, optimizer_variables, sums = self._apply_function(
+            trainable,
+            non_trainable,
+            _values(optimizer.variables),
+            pending,
+            _values(self._schedule_variables),
+            next(iterator),
+        )
+        # The variables hold every step's state, for callbacks and checkpoints.
+        _assign(model.trainable_variables, trainable)
+        _assign(model.non_trainable_variables, non_trainable)
+        _assign(optimizer.variables, optimizer_variables)
+        return sums
+
+    def evaluate(self, dataset, steps=None):
+        """Token-level loss and accuracy on a finite dataset (of batches as in `train_step`).
+
+        Returns:
+            dict with `loss` (label-smoothed, per token), `accuracy`, `tokens`.
+        """
+        trainable = _values(self.model.trainable_variables)
+        non_trainable = _values(self.model.non_trainable_variables)
+        sums = np.zeros(3)
+        for batch in dataset.take(steps or -1).as_numpy_iterator():
+            batch_sums, _ = self._evaluate_function(trainable, non_trainable, self._place(batch))
+            sums += np.asarray(batch_sums)
+        loss_sum, tokens, correct = (float(x) for x in sums)
+        return {
+            "loss": loss_sum / max(tokens, 1.0),
+            "accuracy": correct / max(tokens, 1.0),
+            "tokens": tokens,
+        }
+
+
+def jax_budget_clock(started, clock=time.perf_counter):
+    """Seconds since the run started, as a `TimeBudget` clock: the same in every process.
+
+    With several JAX processes a reading is the longest any process has run
+    since its `started` (gathered from all of them), so all take the same
+    budget decisions at the same steps (see `trainer.budget_clock`); one
+    process reads `clock` alone.
+
+    Args:
+        started: float, this process's `clock()` reading at its start.
+        clock: function returning seconds, `time.perf_counter` by default.
+
+    Returns:
+        function of no arguments returning float seconds.
+    """
+    if jax.process_count() == 1:
+        return lambda: clock() - started
+    from jax.experimental import multihost_utils
+
+    def longest():
+        seconds = np.array([clock() - started], np.float64)
+        return float(np.max(multihost_utils.process_allgather(seconds)))
+
+    return longest
+
+
+@functools.cache
+def make_distribution():
+    """`keras.distribution.DataParallel` over every device of every process.
+
+    Several processes (hosts) join through `keras.distribution.initialize`,
+    which reads `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's
+    address first), `KERAS_DISTRIBUTION_NUM_PROCESSES` and
+    `KERAS_DISTRIBUTION_PROCESS_ID`: set them in each process's environment.
+    One distribution serves the whole process (the result is cached).
+
+    Returns:
+        `(distribution, process_index)`; process 0 is the chief that writes outputs.
+    """
+    if int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
+        keras.distribution.initialize()
+    devices = keras.distribution.list_devices()
+    return keras.distribution.DataParallel(devices=devices), jax.process_index()

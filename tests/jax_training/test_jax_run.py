@@ -1,0 +1,96 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipelines.commands.train import main
+from pipelines.data import batching
+from pipelines.training.config import load_config
+from pipelines.training.jax_trainer import JaxTrainer
+from pipelines.training.run import JAX_BUCKET_RATIO, build_model
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TINY = [
+    "--set", "default_corpus_sizes=[1500,40,40]",
+    "--set", "model.num_layers=1",
+    "--set", "model.hidden_dim=32",
+    "--set", "model.intermediate_dim=64",
+    "--batch-tokens", "512",
+    "--vocabulary-size", "200",
+]  # fmt: skip
+
+
+def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
+    out = tmp_path / "run"
+    args = ["--output-dir", str(out), "--steps", "6", "--steps-per-epoch", "3", *TINY]
+    assert main(args) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 6 and "greedy_bleu" in result and len(result["examples"]) == 5
+    assert sorted(os.listdir(out / "checkpoints")) == ["epoch-001.keras", "epoch-002.keras"]
+    # The same global batches and initial weights on one device reach the same weights.
+    config = load_config(config_file=str(out / "config.json"))
+    data = batching.batch_examples(
+        tf.data.Dataset.load(str(out / "data" / "train")),
+        config.batching.batch_tokens,
+        config.batching.max_length,
+        repeat=True,
+        seed=config.optimization.seed,
+        fixed_shapes=True,
+        row_multiple=2,
+        ratio=JAX_BUCKET_RATIO,
+    )
+    one = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
+    keras.utils.set_random_seed(config.optimization.seed)
+    with one.scope():
+        model, schedule, optimizer = build_model(config, str(out / "sentencepiece.model"))
+    trainer = JaxTrainer(model, optimizer, one, schedule=schedule)
+    history = trainer.fit(data, steps=6, steps_per_epoch=3, verbose=0)
+    assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
+    validation = batching.batch_examples(
+        tf.data.Dataset.load(str(out / "data" / "validation")),
+        config.batching.batch_tokens,
+        config.batching.max_length,
+        shuffle=False,
+        fixed_shapes=True,
+        row_multiple=2,
+        ratio=JAX_BUCKET_RATIO,
+    )
+    val_loss = trainer.evaluate(validation)["loss"]
+    assert val_loss == pytest.approx(result["history"]["val_loss"][-1], abs=2e-5)
+    # Adam (epsilon 1e-9) turns rounding noise in a near-zero gradient into a
+    # whole step of the rate (about 1e-4 here): weights agree to that.
+    trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
+    for expected, actual in zip(trained.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(actual, expected, atol=1e-4)
+
+
+def test_a_killed_run_resumes_from_its_backup(tmp_path):
+    out = tmp_path / "run"
+    steps = ["--steps", "120", "--steps-per-epoch", "120", "--backup-every", "5"]
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *steps, *TINY]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # KERAS_BACKEND and XLA_FLAGS as here
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    metadata = out / "backup" / "training_metadata.json"
+    deadline = time.time() + 240
+    while not metadata.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert first.poll() is None, "the run ended before it could be killed"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not (out / "result.json").exists()
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = json.loads((out / "result.json").read_text())
+    assert 0 < result["resumed_at_step"] < 120  # from the backup, mid-epoch
+    assert result["steps"] == 120
+    assert f"Resuming at step {result['resumed_at_step']} of 120" in second.stderr

@@ -1,0 +1,150 @@
+import contextlib
+import doctest
+
+import jax
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from pipelines.training import jax_trainer
+from pipelines.training.jax_trainer import JaxTrainer
+from tests.test_case import split_batch, token_batch
+
+ONE = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
+TWO = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:2])
+
+
+def test_two_cpu_devices_are_there():
+    # `make test` sets XLA_FLAGS; without two devices the data-parallel checks prove nothing.
+    assert len(jax.devices()) == 2
+
+
+def test_docstring_examples():
+    result = doctest.testmod(jax_trainer, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted >= 8
+
+
+def tiny_model(distribution=None, dropout=0.0):
+    keras.utils.set_random_seed(7)
+    with distribution.scope() if distribution else contextlib.nullcontext():
+        model = kt.Transformer(
+            30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2, dropout=dropout
+        )
+        model.build(((None, None), (None, None)))
+    return model
+
+
+def stream(batches):
+    """The batches in order, repeated, as a tf.data dataset."""
+    dataset = tf.data.Dataset.from_tensors(batches[0])
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    return dataset.repeat()
+
+
+def one_step(batches, distribution=None, accumulation_steps=1, dropout=0.0):
+    """Trains one step from fixed initial weights; returns (loss, weights)."""
+    model = tiny_model(distribution, dropout)
+    trainer = JaxTrainer(
+        model, keras.optimizers.SGD(0.5), distribution, accumulation_steps=accumulation_steps
+    )
+    history = trainer.fit(stream(batches), steps=1, verbose=0)
+    assert int(trainer.optimizer.iterations) == 1
+    return history.history["loss"][0], [np.asarray(w) for w in model.trainable_weights]
+
+
+def assert_same_step(reference, other):
+    assert other[0] == pytest.approx(reference[0], rel=1e-5)
+    for expected, actual in zip(reference[1], other[1], strict=True):
+        np.testing.assert_allclose(actual, expected, atol=2e-6, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def single_device_step():
+    return one_step([token_batch(0)])
+
+
+def test_loss_is_the_token_mean_of_the_global_batch(single_device_step):
+    (source, target_input), target_output = token_batch(0)
+    logits = tiny_model()((source, target_input))
+    expected = kt.LabelSmoothedCrossEntropy(0.1)(target_output, logits)
+    assert single_device_step[0] == pytest.approx(float(expected), rel=1e-5)
+    # A step on half the batch moves the weights elsewhere: the checks have teeth.
+    half = one_step(split_batch(token_batch(0), 2)[:1])
+    moved = [np.max(np.abs(a - b)) for a, b in zip(half[1], single_device_step[1], strict=True)]
+    assert max(moved) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "distribution, parts",
+    [(TWO, 1), (ONE, 2), (None, 4), (TWO, 2)],
+    ids=["2x1", "1x2", "1x4", "2x2"],
+)
+def test_devices_and_micro_batches_take_the_step_of_one_large_batch(
+    single_device_step, distribution, parts
+):
+    batches = split_batch(token_batch(0), parts)
+    assert_same_step(single_device_step, one_step(batches, distribution, parts))
+
+
+def test_dropout_is_the_same_on_one_device_and_on_two():
+    # JAX's partitionable random numbers: a mask does not depend on how the batch is split.
+    one = one_step([token_batch(0)], ONE, dropout=0.3)
+    assert_same_step(one, one_step([token_batch(0)], TWO, dropout=0.3))
+    assert one[0] != pytest.approx(one_step([token_batch(0)], ONE)[0], rel=1e-4)
+
+
+def test_a_schedule_changed_while_training_reaches_the_compiled_step():
+    model = tiny_model()
+    schedule = kt.TransformerSchedule(16, warmup_steps=2, cooldown=0.5)
+    trainer = JaxTrainer(model, keras.optimizers.SGD(schedule), schedule=schedule)
+    data = stream([token_batch(1)])
+    trainer.fit(data, steps=2, verbose=0)
+    before = [np.asarray(w) for w in model.trainable_weights]
+    schedule.set_total_steps(2)  # the rate is 0 from step 2 on
+    assert trainer.learning_rate() == 0.0
+    trainer.fit(data, steps=3, verbose=0)
+    assert int(trainer.optimizer.iterations) == 3
+    for expected, actual in zip(before, model.trainable_weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(actual), expected)
+
+
+def test_adam_steps_callbacks_validation_and_checkpoints(tmp_path):
+    model = tiny_model(TWO, dropout=0.1)
+    trainer = JaxTrainer(model, keras.optimizers.Adam(1e-2), TWO)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(logs))
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))
+    data = stream([token_batch(1)])
+    history = trainer.fit(
+        data,
+        steps=7,
+        steps_per_epoch=3,
+        callbacks=[record, checkpoint],
+        validation_data=data.take(1),
+        verbose=0,
+    )
+    assert int(trainer.optimizer.iterations) == 7 and len(seen) == 7
+    assert len(history.history["loss"]) == 3  # epochs of 3, 3 and 1 steps
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert set(history.history) >= {"accuracy", "learning_rate", "val_loss", "val_accuracy"}
+    # The variables hold the trained state: the last checkpoint has the model's weights.
+    saved = keras.saving.load_model(str(tmp_path / "epoch-3.keras"))
+    for expected, actual in zip(model.get_weights(), saved.get_weights(), strict=True):
+        np.testing.assert_array_equal(actual, expected)
+    assert int(saved.optimizer.iterations) == 7
+
+
+def test_refusals():
+    model = tiny_model(TWO)
+    trainer = JaxTrainer(model, keras.optimizers.SGD(0.1), TWO)
+    odd = split_batch(token_batch(0), 8)[0]  # one row: cannot split over two devices
+    with pytest.raises(ValueError, match="A batch of 1 rows does not split over 2 devices"):
+        trainer.fit(stream([odd]), steps=1, verbose=0)
+    with pytest.raises(ValueError, match="accumulation_steps must be >= 1"):
+        JaxTrainer(model, keras.optimizers.SGD(0.1), accumulation_steps=0)
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="mixed_bfloat16"):
+        JaxTrainer(model, scaled)

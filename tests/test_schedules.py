@@ -75,3 +75,13 @@ def test_total_steps_set_later_moves_the_cooldown():
         plain.set_total_steps(10)
     with pytest.raises(ValueError, match="cooldown=1.5"):
         TransformerSchedule(64, cooldown=1.5)
+
+
+def test_variables_are_the_state_it_reads():
+    assert TransformerSchedule(64).variables == []
+    schedule = TransformerSchedule(64, warmup_steps=100, total_steps=1000, cooldown=0.5)
+    (total_steps,) = schedule.variables
+    # A stateless step that maps the variable sees the mapped run length.
+    with keras.StatelessScope(state_mapping=[(total_steps, keras.ops.convert_to_tensor(750.0))]):
+        assert float(schedule(750)) == 0.0
+    assert float(schedule(750)) > 0.0

@@ -12,9 +12,12 @@ import tensorflow as tf
 
 from pipelines.commands.train import main
 from pipelines.data import batching
+from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece
+from pipelines.evaluation import translate
 from pipelines.training.config import load_config
 from pipelines.training.jax_trainer import JaxTrainer
 from pipelines.training.run import JAX_BUCKET_RATIO, build_model
+from tests.test_case import random_transformer
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = [
@@ -69,6 +72,23 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
     trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
     for expected, actual in zip(trained.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(actual, expected, atol=1e-4)
+
+
+def test_translations_of_a_jax_model_keep_input_order_and_blanks(tmp_path):
+    sentences = ["5 kg", "", "10:21:00 PM, 3.3%", "  ", "44.6%"]
+    path = train_sentencepiece(
+        [s for s in sentences * 3 if s.strip()], str(tmp_path / "s.model"), vocabulary_size=24
+    )
+    model = random_transformer(np.array([[4, 5, 6, 3]]), vocabulary_size=24, num_layers=1, seed=3)
+    tok = load_tokenizer(path)
+    together = translate(model, tok, sentences, max_source_length=16, extra_length=5)
+    for sentence, translation in zip(sentences, together, strict=True):
+        if sentence.strip():
+            assert translate(model, tok, [sentence], max_source_length=16, extra_length=5) == [
+                translation
+            ]
+    assert together[1] == together[3] == ""
+    assert len(set(together)) > 2  # distinct sentences get distinct outputs: the order counts
 
 
 def test_a_killed_run_resumes_from_its_backup(tmp_path):

@@ -151,3 +151,32 @@ def test_bpe_dropout_samples_other_segmentations_of_the_same_text(small):
     short = examples_of(sampled_examples(pairs, path, 12, 0.3, copies=2, seed=1))
     assert short == [(s, t) for s, t in sampled if len(s) <= 12 and len(t) - 1 <= 12]
     assert 0 < len(short) < len(sampled)
+
+
+def test_fixed_shapes_give_one_shape_per_bucket_and_rows_that_split(tmp_path):
+    pairs = [("a " * n, "b " * m) for n in range(1, 30) for m in range(1, 30, 3)]
+    path = train_sentencepiece(
+        [s for pair in pairs for s in pair], str(tmp_path / "s.model"), vocabulary_size=8
+    )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    options = {"fixed_shapes": True, "row_multiple": 3, "ratio": 1.25}
+    dataset = make_dataset(pairs, load_tokenizer(path), 64, 20, shuffle=True, **options)
+    kept = []  # the batches without their all-padding rows
+    shapes = collections.defaultdict(set)
+    for (source, target_input), target_output in dataset.as_numpy_iterator():
+        # Both sides padded to one bucket's bound; rows a multiple of 3.
+        assert source.shape[1] == target_input.shape[1] == target_output.shape[1]
+        assert source.shape[0] % 3 == 0 and source.size <= 64
+        shapes[source.shape[1]].add(source.shape)
+        real = np.any(source != PAD_ID, axis=1)
+        assert np.all(target_input[~real] == PAD_ID) and np.all(target_output[~real] == PAD_ID)
+        assert np.all(np.any(target_output[real] != PAD_ID, axis=1))
+        kept.append(
+            tf.nest.map_structure(
+                tf.constant, ((source[real], target_input[real]), target_output[real])
+            )
+        )
+    assert set(shapes) <= set(bucket_bounds(20, 1.25))
+    assert all(len(found) == 1 for found in shapes.values())  # one shape a bucket
+    expected, seen = check_epoch(kept, pairs, processor, 64, 20)
+    assert seen == expected and sum(expected.values()) > 0

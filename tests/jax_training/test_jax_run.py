@@ -37,6 +37,17 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 6 and "greedy_bleu" in result and len(result["examples"]) == 5
     assert sorted(os.listdir(out / "checkpoints")) == ["epoch-001.keras", "epoch-002.keras"]
+    # The export runs on TensorFlow, from the run's .keras file, and translates as the run did.
+    export = [sys.executable, "-m", "pipelines", "export", "--run-dir", str(out), "--base",
+              str(tmp_path / "saved"), "--name", "tiny", "--beam-size", "1"]  # fmt: skip
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    exported = subprocess.run(export, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    signature = tf.saved_model.load(str(tmp_path / "saved" / "tiny" / "1")).signatures
+    examples = result["examples"]
+    sources = tf.constant([example["source"] for example in examples])
+    translations = signature["serving_default"](inputs=sources)["translations"].numpy()
+    assert [t.decode() for t in translations] == [e["translation"] for e in examples]
     # The same global batches and initial weights on one device reach the same weights.
     config = load_config(config_file=str(out / "config.json"))
     data = batching.batch_examples(

@@ -4,8 +4,6 @@ Scores are sacreBLEU's corpus BLEU and chrF with their signatures, so a number
 in a result file says how it was computed.
 """
 
-import keras
-import numpy as np
 import sacrebleu
 
 from pipelines.errors import DataError
@@ -42,6 +40,7 @@ def translate(
         list of str, one translation per sentence.
     """
     # Imported here: scoring files (`kt evaluate`) needs no TensorFlow.
+    import keras
     import tensorflow as tf
 
     from pipelines.serving.translation import EXTRA_LENGTH, translate_strings
@@ -82,14 +81,20 @@ def _translate_by_chunks(
 
     The graph of `translate_strings` holds TensorFlow ops only; here the
     searches run eagerly on the model's backend, on length-sorted chunks of
-    `CHUNK_SIZE` sentences, with the same encoding, limits and decoding.
+    `CHUNK_SIZE` sentences (not `translate`'s `batch_size`), with the same
+    encoding, limits, decoding and blank sentences.
     """
+    import keras
+    import numpy as np
     import tensorflow as tf
 
     from keras_transformer.decoding import beam_search, greedy_search
     from pipelines.serving.translation import CHUNK_SIZE, decode, encode
 
-    source = encode(tokenizer, tf.constant(sentences, tf.string), model.eos_id, max_source_length)
+    batch = tf.constant(sentences, tf.string)
+    source = encode(tokenizer, batch, model.eos_id, max_source_length)
+    # Blank as the graph's test has it (ASCII whitespace only).
+    blank = tf.equal(tf.strings.length(tf.strings.strip(batch)), 0).numpy()
     order = np.argsort(source.row_lengths().numpy(), kind="stable")
     outputs = [""] * len(sentences)
     for start in range(0, len(order), CHUNK_SIZE):
@@ -102,7 +107,7 @@ def _translate_by_chunks(
             tokens = beam_search(model, source_ids, beam_size=beam_size, **options)[0][:, 0]
         texts = decode(tokenizer, tf.constant(keras.ops.convert_to_numpy(tokens)), model.eos_id)
         for row, text in zip(rows, texts.numpy(), strict=True):
-            if sentences[row].strip():  # a blank sentence translates to "", as in the graph
+            if not blank[row]:  # a blank sentence translates to "", as in the graph
                 outputs[row] = text.decode("utf-8")
     return outputs
 

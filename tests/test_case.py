@@ -2,7 +2,10 @@
 
 import os
 import pathlib
+import signal
+import subprocess
 import tempfile
+import time
 
 import keras
 import numpy as np
@@ -66,6 +69,35 @@ def split_batch(batch, parts):
     size = source.shape[0] // parts
     cut = lambda x, i: x[i * size : (i + 1) * size]  # noqa: E731
     return [((cut(source, i), cut(target_input, i)), cut(target_output, i)) for i in range(parts)]
+
+
+def killed_and_resumed(command, cwd, env, backup_file, result_file, timeout=600):
+    """Runs `command`, kills it (SIGKILL) once `backup_file` exists, then runs it again.
+
+    Args:
+        command: list of str, a training command that writes `backup_file`.
+        cwd, env: where and with what environment both runs start.
+        backup_file: pathlib.Path, the first run is killed a second after it appears.
+        result_file: pathlib.Path, what only a finished run writes: absent after the kill.
+        timeout: float, seconds the second run may take.
+
+    Returns:
+        the second run's `subprocess.CompletedProcess` (text output captured).
+    """
+    first = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 240
+    while not backup_file.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert first.poll() is None, "the run ended before it could be killed"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not result_file.exists()
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def random_transformer(sources, vocabulary_size, num_layers, seed):

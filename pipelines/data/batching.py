@@ -110,7 +110,9 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=Fal
     bound, and all-padding rows added up to the bucket's batch size, a
     multiple of `row_multiple` (the devices a batch is split over). Padding
     rows hold no real token, so token-exact losses ignore them. The shapes
-    are then as many as the buckets.
+    are then as many as the buckets. A batch holds at least `row_multiple`
+    rows, so a bucket whose bound times `row_multiple` exceeds
+    `batch_tokens` gives batches above the budget.
 
     Args:
         batch_tokens: int, token budget of one side of a padded batch.

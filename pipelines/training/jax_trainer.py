@@ -32,7 +32,6 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.losses import LabelSmoothedCrossEntropy
 from pipelines.training.loop import TrainingLoop
 
 logger = logging.getLogger(__name__)
@@ -48,6 +47,15 @@ def correct_tokens(labels, logits, pad_id):
 
 def _values(variables):
     return [variable.value for variable in variables]
+
+
+def _next(iterator):
+    try:
+        return next(iterator)
+    except StopIteration:
+        raise ValueError(
+            "The training dataset ran out of batches before the last step: repeat it"
+        ) from None
 
 
 def _assign(variables, values):
@@ -72,9 +80,11 @@ class JaxTrainer(TrainingLoop):
             current one (None: one device).
         label_smoothing: float, section 5.4.
         accumulation_steps: int, micro-batches per optimizer step.
-        schedule: the optimizer's learning-rate schedule, where it holds
-            variables that change while training (`TransformerSchedule`
-            with a cooldown): the compiled step reads them as inputs.
+        schedule: the optimizer's learning-rate schedule. Required where it
+            holds variables that change while training (a
+            `TransformerSchedule` with a cooldown, which a time budget
+            sets): the compiled step reads them as inputs. Without it, the
+            step keeps the values it was compiled with.
 
     Example:
     >>> import keras_transformer as kt, tensorflow as tf
@@ -99,20 +109,12 @@ class JaxTrainer(TrainingLoop):
     ):
         if keras.backend.backend() != "jax":
             raise ValueError(f"JaxTrainer needs the JAX backend, not {keras.backend.backend()}")
-        if accumulation_steps < 1:
-            raise ValueError(
-                "accumulation_steps must be >= 1. "
-                f"Received: accumulation_steps={accumulation_steps}"
-            )
+        super().__init__(model, optimizer, label_smoothing, accumulation_steps)
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             raise ValueError(
                 "JaxTrainer does not scale losses: train in mixed_bfloat16, not mixed_float16"
             )
-        self.model = model
-        self.optimizer = optimizer
         self.distribution = distribution or keras.distribution.distribution()
-        self.accumulation_steps = accumulation_steps
-        self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
         self._schedule_variables = list(schedule.variables) if schedule is not None else []
         model.compile(optimizer=optimizer, loss=self.loss)
         if self.distribution is None:
@@ -186,13 +188,10 @@ class JaxTrainer(TrainingLoop):
                 "batch with a row multiple of the device count (`batching.batch_examples`'s "
                 "row_multiple)"
             )
-        layout = self.distribution.get_data_layout(array.shape)
-        if jax.process_count() == 1:
-            return keras.distribution.distribute_tensor(array, layout)
-        # Every process reads the same global batch and places its own rows.
-        rows = array.shape[0] // jax.process_count()
-        local = array[jax.process_index() * rows : (jax.process_index() + 1) * rows]
-        return jax.make_array_from_process_local_data(layout.backend_layout, local, array.shape)
+        sharding = self.distribution.get_data_layout(array.shape).backend_layout
+        # Every process holds the whole global batch and places the rows of
+        # its own devices, wherever the mesh puts them.
+        return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
     def _distribute(self, dataset, skip):
         """The placed batches of `dataset`, `skip` batches into its stream (see `Trainer`)."""
@@ -214,10 +213,14 @@ class JaxTrainer(TrainingLoop):
         model, optimizer = self.model, self.optimizer
         trainable = _values(model.trainable_variables)
         non_trainable = _values(model.non_trainable_variables)
-        pending = None
-        for _ in range(self.accumulation_steps - 1):
+        # Every micro-batch is read first: running out leaves the state untouched.
+        *micro_batches, last = [_next(iterator) for _ in range(self.accumulation_steps)]
+        pending = None  # zeros, not None, so each shape compiles one accumulating step
+        if micro_batches:
+            pending = ([jax.numpy.zeros_like(value) for value in trainable], jax.numpy.zeros(3))
+        for batch in micro_batches:
             non_trainable, pending = self._accumulate_function(
-                trainable, non_trainable, pending, next(iterator)
+                trainable, non_trainable, pending, batch
             )
         trainable, non_trainable, optimizer_variables, sums = self._apply_function(
             trainable,
@@ -225,7 +228,7 @@ class JaxTrainer(TrainingLoop):
             _values(optimizer.variables),
             pending,
             _values(self._schedule_variables),
-            next(iterator),
+            last,
         )
         # The variables hold every step's state, for callbacks and checkpoints.
         _assign(model.trainable_variables, trainable)

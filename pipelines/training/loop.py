@@ -16,6 +16,8 @@ import time
 import keras
 import numpy as np
 
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+
 logger = logging.getLogger(__name__)
 
 
@@ -27,9 +29,26 @@ def optimizer_steps(optimizer):
 class TrainingLoop:
     """Base class of the trainers: `fit` by optimizer steps, with callbacks.
 
-    Subclasses set `model`, `optimizer` and `accumulation_steps` and implement
-    `_distribute`, `train_step` and `evaluate` (see the module docstring).
+    Subclasses implement `_distribute`, `train_step` and `evaluate` (see the
+    module docstring).
+
+    Args:
+        model: a built `Transformer`.
+        optimizer: a Keras optimizer.
+        label_smoothing: float, section 5.4.
+        accumulation_steps: int, micro-batches per optimizer step.
     """
+
+    def __init__(self, model, optimizer, label_smoothing=0.1, accumulation_steps=1):
+        if accumulation_steps < 1:
+            raise ValueError(
+                "accumulation_steps must be >= 1. "
+                f"Received: accumulation_steps={accumulation_steps}"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.accumulation_steps = accumulation_steps
+        self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
 
     def learning_rate(self):
         """float: the rate the optimizer's next update will use."""

@@ -27,7 +27,6 @@ import time
 import keras
 import tensorflow as tf
 
-from keras_transformer.losses import LabelSmoothedCrossEntropy
 from pipelines.files import write_json
 from pipelines.training.loop import TrainingLoop, optimizer_steps
 
@@ -80,16 +79,8 @@ class Trainer(TrainingLoop):
         accumulation_steps=1,
         jit_compile=False,
     ):
-        if accumulation_steps < 1:
-            raise ValueError(
-                "accumulation_steps must be >= 1. "
-                f"Received: accumulation_steps={accumulation_steps}"
-            )
-        self.model = model
-        self.optimizer = optimizer
+        super().__init__(model, optimizer, label_smoothing, accumulation_steps)
         self.strategy = strategy or tf.distribute.get_strategy()
-        self.accumulation_steps = accumulation_steps
-        self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
         with self.strategy.scope():
             model.compile(optimizer=optimizer, loss=self.loss)
             optimizer.build(model.trainable_variables)

@@ -1,9 +1,7 @@
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -17,7 +15,7 @@ from pipelines.evaluation import translate
 from pipelines.training.config import load_config
 from pipelines.training.jax_trainer import JaxTrainer
 from pipelines.training.run import JAX_BUCKET_RATIO, build_model
-from tests.test_case import random_transformer
+from tests.test_case import killed_and_resumed, random_transformer
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = [
@@ -107,19 +105,8 @@ def test_a_killed_run_resumes_from_its_backup(tmp_path):
     steps = ["--steps", "120", "--steps-per-epoch", "120", "--backup-every", "5"]
     command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *steps, *TINY]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # KERAS_BACKEND and XLA_FLAGS as here
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)  # fmt: skip
-    metadata = out / "backup" / "training_metadata.json"
-    deadline = time.time() + 240
-    while not metadata.exists() and first.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
-    assert first.poll() is None, "the run ended before it could be killed"
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    assert not (out / "result.json").exists()
-    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    backup = out / "backup" / "training_metadata.json"
+    second = killed_and_resumed(command, ROOT, env, backup, out / "result.json")
     assert second.returncode == 0, second.stderr[-2000:]
     result = json.loads((out / "result.json").read_text())
     assert 0 < result["resumed_at_step"] < 120  # from the backup, mid-epoch

@@ -135,6 +135,64 @@ def test_adam_steps_callbacks_validation_and_checkpoints(tmp_path):
     for expected, actual in zip(model.get_weights(), saved.get_weights(), strict=True):
         np.testing.assert_array_equal(actual, expected)
     assert int(saved.optimizer.iterations) == 7
+    # Evaluation is the label-smoothed token mean of the model's own outputs.
+    (source, target_input), target_output = token_batch(1)
+    expected = kt.LabelSmoothedCrossEntropy(0.1)(target_output, model((source, target_input)))
+    assert trainer.evaluate(data.take(1))["loss"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_a_mixed_bfloat16_step_is_the_float32_step_to_bfloat16_precision(single_device_step):
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        mixed = one_step([token_batch(0)], TWO)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert mixed[0] == pytest.approx(single_device_step[0], rel=1e-2)
+    for expected, actual in zip(single_device_step[1], mixed[1], strict=True):
+        assert actual.dtype == np.float32  # float32 weights, bfloat16 arithmetic
+        np.testing.assert_allclose(actual, expected, atol=2e-2)
+
+
+def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
+    from pipelines.data.batching import batch_examples
+
+    rng = np.random.default_rng(0)
+    examples = tf.data.Dataset.from_generator(
+        lambda: (
+            {"source": rng.integers(4, 30, n).astype("int32"),
+             "target": rng.integers(4, 30, n + 2).astype("int32")}
+            for n in [3, 4, 5, 6, 7, 8] * 8
+        ),
+        output_signature={"source": tf.TensorSpec([None], tf.int32),
+                          "target": tf.TensorSpec([None], tf.int32)},
+    ).cache()  # fmt: skip
+    list(examples)  # fills the cache from the generator once
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(epoch, logs):
+        if epoch == 1:
+            raise Interrupt
+
+    def train(backup, extra=()):
+        model = tiny_model(TWO)
+        trainer = JaxTrainer(model, keras.optimizers.Adam(1e-2), TWO)
+        # Shuffled, repeated, several batch shapes, built anew as in a new process.
+        data = batch_examples(
+            examples, 40, 12, repeat=True, seed=5, fixed_shapes=True, row_multiple=2
+        )
+        callbacks = [keras.callbacks.BackupAndRestore(str(backup)), *extra]
+        trainer.fit(data, steps=9, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+        return trainer, [np.asarray(w) for w in model.trainable_weights]
+
+    _, uninterrupted = train(tmp_path / "a")
+    with pytest.raises(Interrupt):
+        train(tmp_path / "b", [keras.callbacks.LambdaCallback(on_epoch_end=interrupt)])
+    resumed, weights = train(tmp_path / "b")
+    assert resumed.initial_step == 6
+    for expected, actual in zip(uninterrupted, weights, strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_refusals():
@@ -143,6 +201,12 @@ def test_refusals():
     odd = split_batch(token_batch(0), 8)[0]  # one row: cannot split over two devices
     with pytest.raises(ValueError, match="A batch of 1 rows does not split over 2 devices"):
         trainer.fit(stream([odd]), steps=1, verbose=0)
+    once = tf.data.Dataset.from_tensors(token_batch(0))
+    with pytest.raises(ValueError, match="ran out of batches before the last step: repeat it"):
+        trainer.fit(once, steps=2, verbose=0)
+    assert int(trainer.optimizer.iterations) == 1 and all(  # the state is whole
+        np.all(np.isfinite(np.asarray(v))) for v in model.trainable_variables
+    )
     with pytest.raises(ValueError, match="accumulation_steps must be >= 1"):
         JaxTrainer(model, keras.optimizers.SGD(0.1), accumulation_steps=0)
     scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))

@@ -15,17 +15,10 @@ from pipelines.evaluation import translate
 from pipelines.training.config import load_config
 from pipelines.training.jax_trainer import JaxTrainer
 from pipelines.training.run import JAX_BUCKET_RATIO, build_model
+from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed, random_transformer
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = [
-    "--set", "default_corpus_sizes=[1500,40,40]",
-    "--set", "model.num_layers=1",
-    "--set", "model.hidden_dim=32",
-    "--set", "model.intermediate_dim=64",
-    "--batch-tokens", "512",
-    "--vocabulary-size", "200",
-]  # fmt: skip
 
 
 def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):

@@ -10,6 +10,7 @@ import tensorflow as tf
 import keras_transformer as kt
 from pipelines.training import jax_trainer
 from pipelines.training.jax_trainer import JaxTrainer
+from tests.pipelines.training.shared import varied_examples
 from tests.test_case import split_batch, token_batch
 
 ONE = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
@@ -156,17 +157,7 @@ def test_a_mixed_bfloat16_step_is_the_float32_step_to_bfloat16_precision(single_
 def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
     from pipelines.data.batching import batch_examples
 
-    rng = np.random.default_rng(0)
-    examples = tf.data.Dataset.from_generator(
-        lambda: (
-            {"source": rng.integers(4, 30, n).astype("int32"),
-             "target": rng.integers(4, 30, n + 2).astype("int32")}
-            for n in [3, 4, 5, 6, 7, 8] * 8
-        ),
-        output_signature={"source": tf.TensorSpec([None], tf.int32),
-                          "target": tf.TensorSpec([None], tf.int32)},
-    ).cache()  # fmt: skip
-    list(examples)  # fills the cache from the generator once
+    examples = varied_examples()
 
     class Interrupt(Exception):
         pass

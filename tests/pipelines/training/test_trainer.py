@@ -10,6 +10,7 @@ import keras_transformer as kt
 from pipelines.training.run import make_strategy
 from pipelines.training.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus
+from tests.pipelines.training.shared import varied_examples
 from tests.test_case import split_batch, token_batch
 
 # Mirrored tests share the process's one strategy (see make_strategy).
@@ -287,17 +288,7 @@ def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
     from pipelines.data.batching import batch_examples
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    rng = np.random.default_rng(0)
-    examples = tf.data.Dataset.from_generator(
-        lambda: (
-            {"source": rng.integers(4, 30, n).astype("int32"),
-             "target": rng.integers(4, 30, n + 2).astype("int32")}
-            for n in [3, 4, 5, 6, 7, 8] * 8
-        ),
-        output_signature={"source": tf.TensorSpec([None], tf.int32),
-                          "target": tf.TensorSpec([None], tf.int32)},
-    ).cache()  # fmt: skip
-    list(examples)  # fills the cache from the generator once
+    examples = varied_examples()
 
     class Interrupt(Exception):
         pass

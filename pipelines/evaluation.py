@@ -89,18 +89,17 @@ def _translate_by_chunks(
     import tensorflow as tf
 
     from keras_transformer.decoding import beam_search, greedy_search
-    from pipelines.serving.translation import CHUNK_SIZE, decode, encode
+    from pipelines.serving.translation import CHUNK_SIZE, blank_sentences, decode, encode
 
     batch = tf.constant(sentences, tf.string)
     source = encode(tokenizer, batch, model.eos_id, max_source_length)
-    # Blank as the graph's test has it (ASCII whitespace only).
-    blank = tf.equal(tf.strings.length(tf.strings.strip(batch)), 0).numpy()
+    blank = blank_sentences(batch).numpy()  # (B,), as the graph tests them
     order = np.argsort(source.row_lengths().numpy(), kind="stable")
     outputs = [""] * len(sentences)
+    options = {"alpha": alpha, "extra_length": extra_length, "constraint": constraint}
     for start in range(0, len(order), CHUNK_SIZE):
         rows = order[start : start + CHUNK_SIZE]
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id).numpy()  # (C, S)
-        options = {"alpha": alpha, "extra_length": extra_length, "constraint": constraint}
         if beam_size == 1:
             tokens = greedy_search(model, source_ids, **options)  # (C, T)
         else:

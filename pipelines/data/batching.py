@@ -151,14 +151,12 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=Fal
         return tf.gather(sizes_tensor, bucket)
 
     def batch(bucket, window):
-        if not fixed_shapes:
-            return window.padded_batch(
-                batch_size_of(bucket),
-                padded_shapes={"source": [None], "target": [None]},
-                padding_values=PAD_ID,
-            )
-        bound = tf.cast(tf.gather(bounds_tensor, bucket), tf.int64)
         size = batch_size_of(bucket)
+        shapes = {"source": [None], "target": [None]}  # the window's longest
+        if fixed_shapes:
+            bound = tf.cast(tf.gather(bounds_tensor, bucket), tf.int64)
+            shapes = {"source": [bound], "target": [bound + 1]}
+        batches = window.padded_batch(size, padded_shapes=shapes, padding_values=PAD_ID)
 
         def fill_rows(padded):
             missing = size - tf.cast(tf.shape(padded["source"])[0], tf.int64)
@@ -167,12 +165,7 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=Fal
                 for name, ids in padded.items()
             }
 
-        batches = window.padded_batch(
-            size,
-            padded_shapes={"source": [bound], "target": [bound + 1]},
-            padding_values=PAD_ID,
-        )
-        return batches.map(fill_rows)
+        return batches.map(fill_rows) if fixed_shapes else batches
 
     return lambda dataset: dataset.group_by_window(
         key_func=key, reduce_func=batch, window_size_func=batch_size_of

@@ -222,7 +222,7 @@ def translate_strings(
     texts, scores, *aligned = by_length_chunks(
         source.row_lengths(), chunk_size, translate_chunk, outputs
     )  # (B, N) each[, (B, N, T) twice]
-    empty = _blank(sentences)  # (B,)
+    empty = blank_sentences(sentences)  # (B,)
     texts, scores = tf.where(empty[:, None], "", texts), tf.where(empty[:, None], 0.0, scores)
     if not return_alignments:
         return texts, scores
@@ -241,8 +241,15 @@ def translate_strings(
     return texts, scores, alignments
 
 
-def _blank(sentences):
-    """True for each empty or all-space sentence `(B,)`: those translate to ""."""
+def blank_sentences(sentences):
+    """Which sentences are empty or all ASCII whitespace: those translate to "".
+
+    Args:
+        sentences: string `(B,)`.
+
+    Returns:
+        bool `(B,)`.
+    """
     return tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
 
 
@@ -359,7 +366,7 @@ def sample_strings(
     texts, scores = by_length_chunks(
         source.row_lengths(), chunk_size, sample_chunk, [(tf.string, [None]), (tf.float32, [None])]
     )
-    empty = _blank(sentences)
+    empty = blank_sentences(sentences)
     return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
 
 

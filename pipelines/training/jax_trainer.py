@@ -32,7 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from pipelines.training.loop import TrainingLoop
+from pipelines.training.loop import TrainingLoop, token_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class JaxTrainer(TrainingLoop):
     def _place_array(self, array):
         if self.distribution is None:
             return jax.numpy.asarray(array)
-        devices = len(self.distribution.device_mesh.devices.flatten())
+        devices = self.distribution.device_mesh.devices.size
         if array.shape[0] % devices:
             raise ValueError(
                 f"A batch of {array.shape[0]} rows does not split over {devices} devices: "
@@ -248,12 +248,7 @@ class JaxTrainer(TrainingLoop):
         for batch in dataset.take(steps or -1).as_numpy_iterator():
             batch_sums, _ = self._evaluate_function(trainable, non_trainable, self._place(batch))
             sums += np.asarray(batch_sums)
-        loss_sum, tokens, correct = (float(x) for x in sums)
-        return {
-            "loss": loss_sum / max(tokens, 1.0),
-            "accuracy": correct / max(tokens, 1.0),
-            "tokens": tokens,
-        }
+        return token_metrics(sums)
 
 
 def jax_budget_clock(started, clock=time.perf_counter):

@@ -21,6 +21,20 @@ from keras_transformer.losses import LabelSmoothedCrossEntropy
 logger = logging.getLogger(__name__)
 
 
+def token_metrics(sums):
+    """Per-token loss and accuracy from summed `(loss, real tokens, correct tokens)`.
+
+    Returns:
+        dict with `loss` (label-smoothed, per token), `accuracy`, `tokens`.
+    """
+    loss_sum, tokens, correct = (float(x) for x in sums)
+    return {
+        "loss": loss_sum / max(tokens, 1.0),
+        "accuracy": correct / max(tokens, 1.0),
+        "tokens": tokens,
+    }
+
+
 def optimizer_steps(optimizer):
     """int: the updates `optimizer` has applied (restored ones included)."""
     return int(keras.ops.convert_to_numpy(optimizer.iterations))
@@ -116,8 +130,7 @@ class TrainingLoop:
                 sums = [a + float(b) for a, b in zip(sums, totals, strict=True)]
                 step += 1
                 logs = {
-                    "loss": sums[0] / max(sums[1], 1.0),
-                    "accuracy": sums[2] / max(sums[1], 1.0),
+                    **{k: v for k, v in token_metrics(sums).items() if k != "tokens"},
                     "learning_rate": self.learning_rate(),
                     "tokens_per_second": sums[1] / (time.perf_counter() - started),
                 }

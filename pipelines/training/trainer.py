@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from pipelines.files import write_json
-from pipelines.training.loop import TrainingLoop, optimizer_steps
+from pipelines.training.loop import TrainingLoop, optimizer_steps, token_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -179,12 +179,7 @@ class Trainer(TrainingLoop):
         sums = tf.zeros((3,))
         for batch in dataset.take(steps or -1):
             sums += self._evaluate_function(batch)
-        loss_sum, tokens, correct = (float(x) for x in sums)
-        return {
-            "loss": loss_sum / max(tokens, 1.0),
-            "accuracy": correct / max(tokens, 1.0),
-            "tokens": tokens,
-        }
+        return token_metrics(sums)
 
     def _distribute(self, dataset, skip):
         """The distributed dataset, `skip` batches (per replica) into its stream.

@@ -93,6 +93,19 @@ def test_translations_of_a_jax_model_keep_input_order_and_blanks(tmp_path):
     assert len(set(together)) > 2  # distinct sentences get distinct outputs: the order counts
 
 
+def test_mixed_float16_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["--output-dir", str(out), "--mixed-precision", "mixed_float16", *TINY]
+    try:
+        status = main(args)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "use mixed_bfloat16" in err and "Traceback" not in err
+    assert list(out.iterdir()) == []  # the command's checks made the folder; nothing written
+
+
 def test_a_killed_run_resumes_from_its_backup(tmp_path):
     out = tmp_path / "run"
     steps = ["--steps", "120", "--steps-per-epoch", "120", "--backup-every", "5"]

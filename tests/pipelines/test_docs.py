@@ -68,6 +68,8 @@ def shown_commands():
             block = block.replace("\\\n", " ")
             for line in block.splitlines():
                 line = line.split(" #")[0].strip()
+                # Environment settings before the command (KERAS_BACKEND=jax kt train ...).
+                line = re.sub(r"^(?:[A-Z_]+=\S+ )+", "", line)
                 if line.startswith("kt "):
                     found.append((page.name, line))
     return found

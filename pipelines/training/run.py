@@ -386,10 +386,11 @@ def run_training(config):
         validation_data=validation_data,
         verbose=1 if worker == 0 and _terminal() else 0,
     )
-    return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started)
+    seconds = {"started": started, "trained": time.perf_counter() - started}
+    return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds)
 
 
-def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, started):
+def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):
     model = trainer.model
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     tok = tokenizer.load_tokenizer(spm_path)
@@ -448,7 +449,9 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sta
             {"source": s, "translation": h, "reference": t}
             for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]
         ]
-    # This process's wall-clock time, evaluation included (not earlier runs resumed from).
-    result["seconds"] = round(time.perf_counter() - started, 1)
+    # This process's wall-clock time to the end of training, and with evaluation included
+    # (not earlier runs resumed from).
+    result["training_seconds"] = round(seconds["trained"], 1)
+    result["seconds"] = round(time.perf_counter() - seconds["started"], 1)
     write_json(os.path.join(out_dir, "result.json"), result)
     return result

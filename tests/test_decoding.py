@@ -107,6 +107,30 @@ def test_padding_in_the_batch_changes_no_result(model, decode):
         assert np.all(batched[row, :, width:] == PAD) and np.all(alone[0, :, width:] == PAD)
 
 
+def test_rows_of_a_large_batch_decode_as_they_do_alone(model):
+    """24 sentences: rows that finish early stay in the batch for some steps
+    (greedy drops them only once a sixteenth have finished) and beam search
+    gathers its hypotheses' rows among many; neither changes a row's result."""
+    rng = np.random.default_rng(7)
+    sources = np.full((24, 6), PAD, "int32")
+    for row, length in enumerate(rng.integers(1, 6, size=24)):
+        sources[row, :length] = rng.integers(4, VOCABULARY, size=length)
+        sources[row, length] = EOS
+    greedy, scores = greedy_search(model, sources, extra_length=EXTRA, return_scores=True)
+    beams = beam_search(model, sources, num_hypotheses=2, extra_length=EXTRA)[0]
+    lengths = np.sum(to_numpy(greedy) != PAD, axis=1)  # an EOS or the row's length limit
+    assert len(set(lengths)) > 3  # rows finish at different steps
+    for row, source in enumerate(sources):
+        alone = source[source != PAD][None]
+        tokens, score = greedy_search(model, alone, extra_length=EXTRA, return_scores=True)
+        width = to_numpy(tokens).shape[1]
+        np.testing.assert_array_equal(to_numpy(greedy)[row, :width], to_numpy(tokens)[0])
+        np.testing.assert_allclose(to_numpy(scores)[row], to_numpy(score)[0], rtol=1e-5)
+        if row % 4 == 0:  # beam search alone on a sample of the rows, to keep the test short
+            alone_beams = beam_search(model, alone, num_hypotheses=2, extra_length=EXTRA)[0]
+            np.testing.assert_array_equal(to_numpy(beams)[row, :, :width], to_numpy(alone_beams)[0])
+
+
 def test_bad_arguments_are_named(model):
     with pytest.raises(ValueError, match="beam_size=0"):
         beam_search(model, SOURCES, beam_size=0)

@@ -14,10 +14,17 @@ from keras_transformer.decoding.steps import (
 
 
 def _take_rows(values, indices):
-    """Gathers `(B, C, ...)` values by `(B, N)` indices along axis 1."""
-    extra_axes = len(values.shape) - 2
-    indices = ops.reshape(indices, tuple(ops.shape(indices)) + (1,) * extra_axes)
-    return ops.take_along_axis(values, indices, axis=1)
+    """Gathers `(B, C, ...)` values by `(B, N)` indices along axis 1.
+
+    One gather of the flattened `(B * C, ...)` rows: `ops.take_along_axis`
+    broadcasts its indices to the values' trailing axes and, on TensorFlow,
+    transposes both, which costs several times more on a step's large tensors.
+    """
+    shape = ops.shape(values)
+    rows = ops.arange(shape[0], dtype="int32")[:, None] * shape[1] + ops.cast(indices, "int32")
+    flat = ops.reshape(values, (-1, *shape[2:]))  # (B * C, ...)
+    picked = ops.take(flat, ops.reshape(rows, (-1,)), axis=0)  # (B * N, ...)
+    return ops.reshape(picked, (shape[0], ops.shape(indices)[1], *shape[2:]))
 
 
 def _top_k(values, k, block_size=64):
@@ -43,7 +50,7 @@ def _top_k(values, k, block_size=64):
         min(k, blocks) if isinstance(k, int) and isinstance(blocks, int) else ops.minimum(k, blocks)
     )
     _, chosen = ops.top_k(ops.max(values, axis=-1), block_count)  # (R, k)
-    candidates = ops.take_along_axis(values, chosen[..., None], axis=1)  # (R, k, block)
+    candidates = _take_rows(values, chosen)  # (R, k, block)
     top, picks = ops.top_k(ops.reshape(candidates, (rows, -1)), k)  # (R, k)
     block_of_pick = ops.take_along_axis(chosen, picks // block_size, axis=1)
     return top, block_of_pick * block_size + picks % block_size

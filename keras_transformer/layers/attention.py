@@ -334,7 +334,10 @@ class MultiHeadAttention(keras.layers.Layer):
         start_index = ops.shape(cache[0])[2] if grow else cache_update_index
         cache = _update_cache(cache, key_states, value_states, start_index, grow)
         causal = written = None
-        if use_causal_mask:
+        # A growing cache holds exactly the positions up to a single query's
+        # own, so its causal mask allows every key: none is built.
+        last_only = grow and query.shape[1] == 1
+        if use_causal_mask and not last_only:
             causal = masks.causal_mask(ops.shape(query)[1], ops.shape(cache[0])[2], start_index)
         elif not grow:  # slots of a fixed-size cache not written yet
             end = start_index + ops.shape(query)[1]

@@ -146,7 +146,7 @@ def summarize(args, argv, cases, seconds, outputs, sources, references, pieces):
         ratios[f"cached_over_uncached_beam{beam}"] = ratio(
             f"cached_beam{beam}", f"uncached_beam{beam}"
         )
-        # > 1: CTranslate2 is faster. The target is at most 2.
+        # > 1: CTranslate2 is faster. The target is at most 1.5.
         ratios[f"ctranslate2_over_saved_model_beam{beam}"] = ratio(
             f"ctranslate2_beam{beam}", f"saved_model_beam{beam}"
         )

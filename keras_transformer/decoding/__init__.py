@@ -7,8 +7,10 @@ sentence may produce at most its own source length plus `extra_length` tokens
 
 How the decoder state is carried depends on `static_shapes`:
 - dynamic shapes (the default on TensorFlow and PyTorch): self-attention caches
-  grow by one position a step, and a sentence that is done leaves the batch,
-  so a step costs what its live hypotheses need;
+  grow by one position a step, and sentences that are done leave the batch
+  (beam search's at once; greedy search's and sampling's rows once a
+  sixteenth of them have finished, masked until then), so a step costs about
+  what its live hypotheses need;
 - static shapes (the default on JAX, whose `jit` needs them): caches are
   fixed-size buffers as long as the longest output, and finished rows ride
   along, masked, until the whole batch is done.

@@ -1,5 +1,6 @@
 """Greedy search, and the row-by-row loop it shares with sampling."""
 
+import keras
 from keras import ops
 
 from keras_transformer.decoding.steps import (
@@ -73,11 +74,14 @@ def greedy_search(
     """
 
     def most_probable(log_probs, index, rows):
-        # One top-1 gives the token and its log-probability (the first of equal
-        # ones, as argmax): TensorFlow's argmax of floats runs five more ops
-        # over the vocabulary, and the max another.
-        values, ids = ops.top_k(log_probs, 1)  # (R, 1) each
-        return ops.cast(ids[:, 0], "int32"), values[:, 0]
+        if keras.backend.backend() == "tensorflow":
+            # One top-1 gives the token and its log-probability, the first of
+            # equal ones as argmax: TensorFlow's argmax of floats runs five
+            # more ops over the vocabulary, and the max another. (PyTorch's
+            # top-k may break ties otherwise, so argmax stays elsewhere.)
+            values, ids = ops.top_k(log_probs, 1)  # (R, 1) each
+            return ops.cast(ids[:, 0], "int32"), values[:, 0]
+        return ops.cast(ops.argmax(log_probs, axis=-1), "int32"), ops.max(log_probs, axis=-1)
 
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(
@@ -145,8 +149,8 @@ def search_rows(
         return ops.logical_and(index < width, ops.any(live))
 
     def body(index, rows, ids, live, state, tokens, totals, lengths, attention):
-        # `rows` (R,) are the sentences of the rows still decoding; under
-        # static shapes they are all sentences and `live` marks the unfinished.
+        # `rows` (R,) are the sentences of the rows in the batch (under static
+        # shapes, all of them); `live` marks those not finished.
         log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
         history = ops.take(tokens, rows, axis=0) if constraint is not None else None  # (R, T)
         log_probs = guide(model, log_probs, index, rows, history, search)

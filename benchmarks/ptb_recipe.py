@@ -12,7 +12,7 @@ Runs the product's own commands, each in a fresh process, and times the whole:
 for the dev split and, where the treebank holds its files, the test split;
 the right-branching baseline is scored on the same sentences. The export
 searches with the run's settings (the recipe's beam 21, alpha 0.3, output
-limit input + 300) unless --beam-size / --alpha say otherwise. Writes
+limit source + 600) unless --beam-size / --alpha say otherwise. Writes
 benchmarks/results/ptb_recipe.json and prints the scores.
 """
 

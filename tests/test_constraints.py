@@ -221,3 +221,170 @@ def test_the_depth_limit_holds(model):
     for sentence, words in zip(to_numpy(tokens), WORDS, strict=True):
         for hypothesis in sentence:
             check_well_formed(hypothesis, words, max_depth=1)
+
+
+# Copying words: 8 and 9 are tags and also begin words (as `▁CD` begins `CDs`).
+COPY_STARTS = (8, 9, 10, 11, 12)
+COPY_SOURCES = np.array(
+    [[8, 13, 11, 9, EOS, PAD], [12, 14, 15, EOS, PAD, PAD], [10, 9, 8, 14, 11, EOS]], "int32"
+)
+# A source that begins inside a word (its first id begins one all the same), and ids
+# after the end of sequence, which are not the source's.
+ODD_SOURCES = np.array([[13, 10, 14, EOS, 11, 12]], "int32")
+
+
+def copying(max_depth=None):
+    return BracketConstraint(
+        VOCABULARY, BRACKETS, LEAVES, COPY_STARTS, EOS, max_depth, copy_words=True
+    )
+
+
+def slots(source):
+    """What each leaf of a copying parse writes: a source word's ids, then a tag (None)."""
+    ids = [int(i) for i in source[: list(source).index(EOS)]]
+    out = []
+    for position, token in enumerate(ids):
+        if position > 0 and token in COPY_STARTS:
+            out.append(None)
+        out.append(token)
+    return tuple(out + [None])
+
+
+def copy_legal(slots_, stack, at, token, max_depth):
+    """Whether `token` may follow when `at` of `slots_` are written, the length aside."""
+    done = at == len(slots_)
+    next_slot = None if done else slots_[at]
+    between = done or at == 0 or slots_[at - 1] is None
+    if token == EOS:
+        return done and not stack and at > 0
+    if not between:
+        return token == next_slot if next_slot is not None else token in LEAVES
+    if token in BRACKETS:
+        return not done and (max_depth is None or len(stack) < max_depth)
+    if token in BRACKETS.values():
+        return (
+            bool(stack)
+            and BRACKETS[stack[-1][0]] == token
+            and stack[-1][1]
+            and (len(stack) > 1 or done)
+        )
+    return not done and bool(stack) and token == next_slot
+
+
+def copy_step(slots_, stack, at, token):
+    if token in BRACKETS:
+        return stack + ((token, False),), at
+    if token in BRACKETS.values():
+        return stack[:-1], at
+    return tuple((label, True) for label, _ in stack), at + 1
+
+
+def copy_finishes(slots_, stack, at, room, max_depth):
+    """Whether some legal continuation of at most `room` tokens ends the tree (brute force)."""
+    # Labels do not change what can follow (each has its closing bracket): one label will do.
+    return _copy_finishes(slots_, tuple((4, filled) for _, filled in stack), at, room, max_depth)
+
+
+@functools.cache
+def _copy_finishes(slots_, stack, at, room, max_depth):
+    if room < 1:
+        return False
+    candidates = {4, 6, 8, EOS} | ({slots_[at]} if at < len(slots_) else set()) - {None}
+    return any(
+        copy_legal(slots_, stack, at, token, max_depth)
+        and (
+            token == EOS
+            or _copy_finishes(slots_, *copy_step(slots_, stack, at, token), room - 1, max_depth)
+        )
+        for token in candidates
+    )
+
+
+@pytest.mark.parametrize(
+    "sentence, limit, max_depth",
+    [(0, 20, None), (0, 11, None), (2, 20, None), (2, 14, 2), (1, 7, 1), (3, 14, None), (3, 9, 1)],
+)
+def test_copying_allows_what_can_still_end_as_a_tree_over_the_copied_words(
+    sentence, limit, max_depth
+):
+    rng = np.random.default_rng(1)
+    width = 16
+    source = np.concatenate([COPY_SOURCES, ODD_SOURCES])[sentence : sentence + 1]
+    slots_ = slots(source[0])
+    prefixes = []
+    for _ in range(150):
+        history, stack, at = [], (), 0
+        for _ in range(int(rng.integers(0, width))):
+            legal_next = [
+                t
+                for t in range(VOCABULARY)
+                if t != EOS and copy_legal(slots_, stack, at, t, max_depth)
+            ]
+            if not legal_next:
+                break
+            token = int(rng.choice(legal_next))
+            history.append(token)
+            stack, at = copy_step(slots_, stack, at, token)
+        prefixes.append((history, stack, at))
+    checked = 0
+    for index in range(width):
+        at_index = [p for p in prefixes if len(p[0]) == index]
+        if not at_index:
+            continue
+        junk = rng.choice([*BRACKETS, *LEAVES, 13], (len(at_index), width - index))
+        history = np.array([p[0] + list(row) for p, row in zip(at_index, junk, strict=True)])
+        log_probs = copying(max_depth)(
+            keras.ops.zeros((len(at_index), VOCABULARY)),
+            history.astype("int32"),
+            index,
+            np.repeat(source, len(at_index), axis=0),
+            np.full((len(at_index),), limit, "int32"),
+        )
+        allowed = to_numpy(log_probs) > IMPOSSIBLE / 2
+        for row, (prefix, stack, at) in enumerate(at_index):
+            room = limit - index
+            expected = {
+                token
+                for token in range(VOCABULARY)
+                if copy_legal(slots_, stack, at, token, max_depth)
+                and (
+                    token == EOS
+                    or copy_finishes(
+                        slots_, *copy_step(slots_, stack, at, token), room - 1, max_depth
+                    )
+                )
+            } or set(range(VOCABULARY))
+            assert set(np.flatnonzero(allowed[row])) == expected, prefix
+            checked += 1
+    assert checked > 100
+
+
+def check_copied(tokens, source):
+    """`tokens` is one bracketing whose leaves are the source's words, each then a tag."""
+    tokens = list(tokens)
+    end = tokens.index(EOS)
+    between = [t for t in tokens[:end] if t not in BRACKETS and t not in BRACKETS.values()]
+    expected = slots(source)
+    assert len(between) == len(expected), tokens
+    for written, slot in zip(between, expected, strict=True):
+        assert written in LEAVES if slot is None else written == slot, tokens
+    stack = []
+    for token in tokens[:end]:
+        if token in BRACKETS:
+            stack.append(token)
+        elif token in BRACKETS.values():
+            assert stack and BRACKETS[stack.pop()] == token, tokens
+        else:
+            assert stack, tokens
+    assert not stack, tokens
+
+
+def test_searches_copy_the_source_words_into_trees(model):
+    greedy = to_numpy(greedy_search(model, COPY_SOURCES, extra_length=16, constraint=copying()))
+    beams, _ = beam_search(
+        model, COPY_SOURCES, beam_size=3, num_hypotheses=3, extra_length=16, constraint=copying()
+    )
+    for row, sentence, source in zip(greedy, to_numpy(beams), COPY_SOURCES, strict=True):
+        check_copied(row, source)
+        for hypothesis in sentence:
+            check_copied(hypothesis, source)

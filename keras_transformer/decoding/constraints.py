@@ -49,6 +49,14 @@ class BracketConstraint:
     many as its space-separated words for plain text (a source cut to a
     maximum length has only the words it kept).
 
+    With `copy_words`, the output writes each word before its tag
+    (`(NP The DT dog NN )NP`), and the word is the source's: where a bracket
+    or a tag could otherwise follow, the next source word's first id may
+    follow instead (inside a bracket, while words are left); inside a word,
+    only its next source id; once the word is written, only a tag. Brackets
+    open and close only between words. The source's ids run up to its first
+    `eos_id`; no word may begin with a bracket's id.
+
     Args:
         vocabulary_size: int `V`.
         brackets: dict of int to int, each opening bracket's id to its
@@ -59,6 +67,7 @@ class BracketConstraint:
         eos_id: int, the end-of-sequence id.
         max_depth: int or None, the most brackets open at once (None: no
             limit but the length).
+        copy_words: bool, each leaf is the source word's ids, then a tag.
 
     Call arguments:
         log_probs: float32 `(R, V)` next-token log-probabilities.
@@ -84,7 +93,16 @@ class BracketConstraint:
         al., 2017, section 6.3.
     """
 
-    def __init__(self, vocabulary_size, brackets, leaves, word_starts, eos_id, max_depth=None):
+    def __init__(
+        self,
+        vocabulary_size,
+        brackets,
+        leaves,
+        word_starts,
+        eos_id,
+        max_depth=None,
+        copy_words=False,
+    ):
         kinds = np.full((vocabulary_size,), _OTHER, dtype="int32")
         closers = np.full((vocabulary_size,), -1, dtype="int32")
         for opening, closing in brackets.items():
@@ -95,41 +113,66 @@ class BracketConstraint:
         self.vocabulary_size = vocabulary_size
         self.eos_id = eos_id
         self.max_depth = max_depth
+        self.copy_words = copy_words
         self.kinds, self.closers, self.starts = kinds, closers, starts
 
-    def __call__(self, log_probs, history, index, source_ids, limits):
+    def _brackets(self, history, index):
+        """The brackets' state: `(kind (R, T), depth (R,), closing (R,), filled (R,),
+        content (R,))`: each written token's kind, the open brackets, the id
+        closing the innermost one (-1: none open), whether that one holds a leaf,
+        and the tokens written that are not brackets (leaves; with
+        `copy_words`, words and tags)."""
         kinds = ops.convert_to_tensor(self.kinds)
-        history = ops.convert_to_tensor(history, "int32")
         written = ops.arange(ops.shape(history)[1]) < index  # (T,)
-        kind = ops.where(written[None], ops.take(kinds, history), _OTHER)  # (R, T)
-        step = ops.cast(kind == _OPEN, "int32") - ops.cast(kind == _CLOSE, "int32")
+        kind = ops.take(kinds, history)  # (R, T)
+        step = ops.cast(written[None] & (kind == _OPEN), "int32") - ops.cast(
+            written[None] & (kind == _CLOSE), "int32"
+        )
         depth_after = ops.cumsum(step, axis=1)  # (R, T) open brackets after each token
         depth = ops.sum(step, axis=1)  # (R,)
-        leaves_after = ops.cumsum(ops.cast(kind == _LEAF, "int32"), axis=1)  # (R, T)
-        leaves = ops.sum(ops.cast(kind == _LEAF, "int32"), axis=1)  # (R,)
-        words = ops.sum(
-            ops.cast(ops.take(ops.convert_to_tensor(self.starts), source_ids), "int32"), axis=1
-        )  # (R,)
-        left = words - leaves
-        room = ops.convert_to_tensor(limits, "int32") - index
+        if self.copy_words:
+            counted = (kind != _OPEN) & (kind != _CLOSE)
+        else:
+            counted = kind == _LEAF
+        counted = ops.cast(written[None] & counted, "int32")
+        content_after = ops.cumsum(counted, axis=1)  # (R, T)
+        content = ops.sum(counted, axis=1)  # (R,)
         # The innermost open bracket is the last one after which the depth is
         # the current depth: any later bracket at that depth was closed again.
         positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
-        innermost = (kind == _OPEN) & (depth_after == depth[:, None])
+        innermost = written[None] & (kind == _OPEN) & (depth_after == depth[:, None])
         top = ops.max(ops.where(innermost, positions, -1), axis=1)  # (R,), -1: none open
         top_at = ops.maximum(top, 0)[:, None]
         top_token = ops.take_along_axis(history, top_at, axis=1)[:, 0]
-        closing = ops.take(ops.convert_to_tensor(self.closers), top_token)  # (R,)
-        filled = leaves - ops.take_along_axis(leaves_after, top_at, axis=1)[:, 0] > 0
+        closing = ops.where(top >= 0, ops.take(ops.convert_to_tensor(self.closers), top_token), -1)
+        filled = content - ops.take_along_axis(content_after, top_at, axis=1)[:, 0] > 0
+        return kind, depth, closing, filled, content
 
-        # Each rule keeps room for the shortest ending: a leaf per word left,
-        # a close per open bracket, and the end of sequence.
-        may_open = (left > 0) & (room >= left + depth + 3)
+    def __call__(self, log_probs, history, index, source_ids, limits):
+        history = ops.convert_to_tensor(history, "int32")
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        _, depth, closing, filled, content = self._brackets(history, index)
+        room = ops.convert_to_tensor(limits, "int32") - index
+        starts = ops.take(ops.convert_to_tensor(self.starts), source_ids)  # (R, S)
+        if self.copy_words:
+            moves = self._copying(source_ids, starts, content)
+        else:
+            words = ops.sum(ops.cast(starts, "int32"), axis=1)  # (R,)
+            between = content < words
+            moves = {"between": ops.ones_like(between), "left": words - content, "next": None}
+            moves.update(tag=between, piece=ops.zeros_like(between), remaining=words - content)
+        left, remaining, between = moves["left"], moves["remaining"], moves["between"]
+        # Each rule keeps room for the shortest ending: what the words left
+        # need, a close per open bracket, and the end of sequence.
+        fits = room >= remaining + depth + 1
+        may_open = between & (left > 0) & (room >= remaining + depth + 3)
         if self.max_depth is not None:
             may_open = may_open & (depth < self.max_depth)
-        may_leaf = (left > 0) & (depth > 0) & (room >= left + depth + 1)
-        may_close = (top >= 0) & filled & ((depth > 1) | (left == 0)) & (room >= left + depth + 1)
-        may_end = (depth == 0) & (left == 0) & (leaves > 0)
+        may_leaf = moves["tag"] & (depth > 0) & fits
+        may_piece = moves["piece"] & (depth > 0) & fits
+        may_close = between & (closing >= 0) & filled & ((depth > 1) | (left == 0)) & fits
+        may_end = (depth == 0) & (left == 0) & (content > 0)
+        kinds = ops.convert_to_tensor(self.kinds)
         vocabulary = ops.arange(self.vocabulary_size, dtype="int32")[None]  # (1, V)
         allowed = (
             ((kinds[None] == _OPEN) & may_open[:, None])
@@ -137,6 +180,41 @@ class BracketConstraint:
             | ((vocabulary == closing[:, None]) & may_close[:, None])
             | ((vocabulary == self.eos_id) & may_end[:, None])
         )  # (R, V)
+        if moves["next"] is not None:
+            allowed = allowed | ((vocabulary == moves["next"][:, None]) & may_piece[:, None])
         anything = ops.any(allowed, axis=1, keepdims=True)
         allowed = allowed | ops.logical_not(anything)
         return ops.where(allowed, log_probs, IMPOSSIBLE)
+
+    def _copying(self, source_ids, starts, content):
+        """Where each row stands in its source's words, with `copy_words`.
+
+        The tokens between brackets are the source's ids with a tag after each
+        word: source id `j` is the `j + w`-th of them, `w` the words before it.
+
+        Returns:
+            dict of `(R,)` tensors: `left` (words without their tag),
+            `remaining` (words' ids and tags still to write), `between`
+            (a bracket may come: no word is half written), `tag` (only a tag
+            may come), `piece` (the source id `next` may come).
+        """
+        real = ops.cumsum(ops.cast(source_ids == self.eos_id, "int32"), axis=1) == 0  # (R, S)
+        first = ops.arange(ops.shape(source_ids)[1]) == 0  # a source begins a word
+        starts = (starts | first[None]) & real
+        word_of = ops.cumsum(ops.cast(starts, "int32"), axis=1) - 1  # (R, S)
+        slot = ops.arange(ops.shape(source_ids)[1], dtype="int32")[None] + word_of  # (R, S)
+        words = ops.sum(ops.cast(starts, "int32"), axis=1)
+        total = ops.sum(ops.cast(real, "int32"), axis=1) + words  # (R,)
+        match = real & (slot == content[:, None])  # (R, S): the id written next, if any
+        is_piece = ops.any(match, axis=1)
+        is_start = ops.any(match & starts, axis=1)
+        copied = ops.sum(ops.cast(real & (slot < content[:, None]), "int32"), axis=1)
+        done = content >= total
+        return {
+            "left": words - (content - copied),
+            "remaining": ops.maximum(total - content, 0),
+            "between": is_start | done,
+            "tag": ops.logical_not(is_piece | done),
+            "piece": is_piece,
+            "next": ops.sum(ops.where(match, source_ids, 0), axis=1),
+        }

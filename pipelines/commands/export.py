@@ -5,8 +5,8 @@
 writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 `pipelines.serving.saved_model` for its signatures. The search (`--beam-size`,
 `--alpha`, `--extra-length`, `--tree-constraint`) defaults to the run's `decoding` settings in
-RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), and the
-version records what it was exported with in
+RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), `--tree-words` to its
+`data.treebank_words`, and the version records what it was exported with in
 `assets.extra/keras_transformer.json`.
 """
 
@@ -47,6 +47,12 @@ def _parse(argv, prog):
         "defaults to the run's",
     )
     parser.add_argument(
+        "--tree-words",
+        action=argparse.BooleanOptionalAction,
+        help="parsers: the model writes each word before its tag (data.treebank_words); "
+        "defaults to the run's",
+    )
+    parser.add_argument(
         "--nbest", type=int, help="hypotheses returned by `nbest` (default: up to 4)"
     )
     parser.add_argument(
@@ -61,9 +67,10 @@ def _parse(argv, prog):
 def _export(args):
     model_path, spm_path = run_files(args)
     max_length = max_source_length(args)
-    from pipelines.training.recorded import run_decoding
+    from pipelines.training.recorded import run_decoding, run_tree_words
 
-    recorded = run_decoding(args.run_dir or os.path.dirname(os.path.abspath(model_path)))
+    run_dir = args.run_dir or os.path.dirname(os.path.abspath(model_path))
+    recorded = run_decoding(run_dir)
     for name, value in recorded.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -93,6 +100,7 @@ def _export(args):
         args.chunk_size,
         args.extra_length,
         args.tree_constraint,
+        tree_words=run_tree_words(run_dir) if args.tree_words is None else args.tree_words,
     )
     print(export(translator, base_dir, args.version))
 

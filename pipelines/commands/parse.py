@@ -49,10 +49,15 @@ def _parse(args):
 
     version, signature = client.load_signature(args.model, "serving_default")
     tags = vocabulary_tags(os.path.join(version, "assets", "sentencepiece.model"))
+    with_words = client.export_settings(version)["tree_words"]
     with open(args.input, "rb") as handle:
         data = handle.read()
-    lines = read_input_lines(data)
-    sentences = [line.decode("utf-8", errors="replace") for line in lines]
+    # The model reads words as the treebank writes them: brackets as -LRB- and -RRB-.
+    sentences = [
+        trees.escape_brackets(line.decode("utf-8", errors="replace"))
+        for line in read_input_lines(data)
+    ]
+    lines = [sentence.encode("utf-8") for sentence in sentences]
     repaired, done = 0, 0
     with contextlib.ExitStack() as stack:
         out = sys.stdout
@@ -70,7 +75,7 @@ def _parse(args):
             batch = sentences[start : start + args.batch_size]
             outputs = client.call_in_batches(signature, lines[start : start + len(batch)])
             linearised = [text.decode("utf-8") for text in outputs["translations"]]
-            parsed, count = parse_lines(linearised, batch, tags)
+            parsed, count = parse_lines(linearised, batch, tags, with_words)
             repaired += count
             write_lines(out, [trees.to_bracketed(tree) for tree in parsed])
             print(f"parsed {start + len(batch)}/{len(lines)} sentences", file=sys.stderr)

@@ -13,13 +13,14 @@ from pipelines.parsing import evalb, trees
 WORD_MARK = "\u2581"
 
 
-def treebank_pairs(root, split, pos_tags=False):
+def treebank_pairs(root, split, pos_tags=False, words=False):
     """`(sentence, target)` pairs of a split: the words, and the tree linearised.
 
     Args:
         root: str, a folder of `wsj_NNNN.mrg` files (any layout).
         split: a name in `trees.SPLITS`, or `(first, last)` file numbers.
         pos_tags: bool, keep POS tags in the targets instead of `XX`.
+        words: bool, the targets write each word before its tag.
 
     Returns:
         `(pairs, gold)`: list of `(str, str)`, space-separated; and the
@@ -27,13 +28,34 @@ def treebank_pairs(root, split, pos_tags=False):
         file of the split.
     """
     gold = trees.read_trees(root, split)
-    pairs = [(" ".join(tree.leaves()), " ".join(trees.linearize(tree, pos_tags))) for tree in gold]
+    pairs = [
+        (" ".join(tree.leaves()), " ".join(trees.linearize(tree, pos_tags, words))) for tree in gold
+    ]
     return pairs, gold
 
 
-def target_tokens(pairs):
-    """The distinct space-separated tokens of the targets of `pairs` (sorted list of str)."""
-    return sorted({token for _, target in pairs for token in target.split()})
+def target_tokens(pairs, words=False):
+    """The distinct tree tokens of the targets of `pairs` (sorted list of str).
+
+    Args:
+        pairs: list of `(sentence, target)` str pairs.
+        words: bool, the targets write each word before its tag
+            (`trees.linearize(..., words=True)`); the words are left out.
+
+    Returns:
+        sorted list of str: brackets and tags.
+    """
+    tokens = set()
+    for _, target in pairs:
+        target = target.split()
+        leaves = [token for token in target if not _is_bracket(token)]
+        tokens.update(token for token in target if _is_bracket(token))
+        tokens.update(leaves[1::2] if words else leaves)
+    return sorted(tokens)
+
+
+def _is_bracket(token):
+    return token.startswith(("(", ")")) and len(token) > 1
 
 
 def vocabulary_tags(sentencepiece_path):
@@ -76,7 +98,7 @@ def _vocabulary(sentencepiece_path):
     return pieces, whole
 
 
-def bracket_constraint(sentencepiece_path, eos_id):
+def bracket_constraint(sentencepiece_path, eos_id, copy_words=False):
     """The search constraint for a parser trained with `whole_target_tokens`.
 
     Brackets (`▁(NP`, `▁)NP`) and tags are the vocabulary's user-defined
@@ -86,6 +108,8 @@ def bracket_constraint(sentencepiece_path, eos_id):
     Args:
         sentencepiece_path: str, the run's (or the export's) `.model` file.
         eos_id: int, the model's end-of-sequence id.
+        copy_words: bool, the parser writes each word before its tag
+            (`data.treebank_words`): the search copies it from the source.
 
     Returns:
         a `keras_transformer.decoding.BracketConstraint`.
@@ -110,11 +134,17 @@ def bracket_constraint(sentencepiece_path, eos_id):
     starts = [i for i, piece in enumerate(pieces) if piece.startswith(WORD_MARK)]
     # As deep as `trees.delinearize` reads without dropping brackets.
     return BracketConstraint(
-        len(pieces), brackets, leaves, starts, eos_id, max_depth=trees.MAX_DEPTH
+        len(pieces),
+        brackets,
+        leaves,
+        starts,
+        eos_id,
+        max_depth=trees.MAX_DEPTH,
+        copy_words=copy_words,
     )
 
 
-def parse_lines(linearised, sentences, tags=None):
+def parse_lines(linearised, sentences, tags=None, with_words=False):
     """Trees from the model's linearised outputs, over the input sentences' words.
 
     Args:
@@ -122,6 +152,7 @@ def parse_lines(linearised, sentences, tags=None):
         sentences: list of str, the inputs, words separated by spaces.
         tags: set of str or None, the word tokens the model was trained on
             (`trees.word_tags`); any other word token is repaired to `XX`.
+        with_words: bool, the outputs write each word before its tag.
 
     Returns:
         `(trees, repaired)`: list of `nltk.Tree` rooted at `TOP` whose
@@ -130,19 +161,20 @@ def parse_lines(linearised, sentences, tags=None):
     """
     parsed, repaired = [], 0
     for output, sentence in zip(linearised, sentences, strict=True):
-        tree, repairs = trees.delinearize(output.split(), sentence.split(), tags)
+        tree, repairs = trees.delinearize(output.split(), sentence.split(), tags, with_words)
         parsed.append(tree)
         repaired += repairs > 0
     return parsed, repaired
 
 
-def parse_scores(linearised, gold, tags=None):
+def parse_scores(linearised, gold, tags=None, with_words=False):
     """EVALB-style scores of linearised outputs against gold trees, and the repair rate.
 
     Args:
         linearised: list of str, the model's outputs, aligned with `gold`.
         gold: list of cleaned `nltk.Tree`.
         tags: set of str or None, as `parse_lines` takes it.
+        with_words: bool, as `parse_lines` takes it.
 
     Returns:
         dict: `f1`, `precision`, `recall`, `exact_match` over all sentences,
@@ -154,7 +186,7 @@ def parse_scores(linearised, gold, tags=None):
     if len(linearised) != len(gold):
         raise DataError(f"{len(linearised)} parses for {len(gold)} gold trees")
     sentences = [" ".join(tree.leaves()) for tree in gold]
-    parsed, repaired = parse_lines(linearised, sentences, tags)
+    parsed, repaired = parse_lines(linearised, sentences, tags, with_words)
     scores = evalb.score_trees(gold, parsed)
     result = {key: scores["all"][key] for key in ("f1", "precision", "recall", "exact_match")}
     result["f1_len<=40"] = scores["len<=40"]["f1"]

@@ -12,10 +12,17 @@ is the words; the target is the tree depth-first, `(LABEL` opening and
 `)LABEL` closing a constituent, each word replaced by its POS tag or by the
 placeholder `XX`. `delinearize` puts the words back and repairs output that
 is not a tree.
+
+With `words=True` the target also writes each word before its tag:
+`(S (NP The DT dog NN )NP ...`. The decoder then sees which word it has
+reached instead of counting the tags it wrote, which a Transformer trained on
+a few thousand trees does not learn (see docs/parsing.md); a search under the
+copying tree constraint writes the words exactly as the source has them.
 """
 
 import os
 import re
+import unicodedata
 
 from nltk.corpus.reader.util import read_sexpr_block
 from nltk.tree import Tree
@@ -26,6 +33,8 @@ PLACEHOLDER = "XX"
 # output would exceed Python's recursion limit in nltk's recursive tree code.
 MAX_DEPTH = 100
 EMPTY = "-NONE-"
+# How SentencePiece writes back a piece it does not know.
+UNKNOWN = "\u2047"
 FILE_NAME = re.compile(r"wsj_(\d{4})\.mrg$")
 
 # Contiguous by file number: the split this package documents for NLTK's
@@ -119,12 +128,13 @@ def is_preterminal(node):
     return isinstance(node, Tree) and len(node) == 1 and isinstance(node[0], str)
 
 
-def linearize(tree, pos_tags=False):
+def linearize(tree, pos_tags=False, words=False):
     """Target tokens of a tree: `(S (NP XX XX )NP ... )S`, the root `TOP` left out.
 
     Args:
         tree: a cleaned `nltk.Tree`.
         pos_tags: bool, keep each word's POS tag instead of the placeholder.
+        words: bool, write each word before its tag (`(NP The DT dog NN )NP`).
 
     Returns:
         list of str.
@@ -133,6 +143,8 @@ def linearize(tree, pos_tags=False):
 
     def walk(node):
         if is_preterminal(node):
+            if words:
+                tokens.append(node[0])
             tokens.append(node.label() if pos_tags else PLACEHOLDER)
             return
         tokens.append(f"({node.label()}")
@@ -145,7 +157,7 @@ def linearize(tree, pos_tags=False):
     return tokens
 
 
-def delinearize(tokens, words, tags=None):
+def delinearize(tokens, words, tags=None, with_words=False):
     """The tree a token sequence describes, with `words` at its leaves, repaired if need be.
 
     Repairs, each counted: a closing bracket with nothing open is dropped; a
@@ -158,11 +170,19 @@ def delinearize(tokens, words, tags=None):
     is dropped with the bracket that closes it. Brackets in words are written as the
     treebank writes them (`-LRB-`, `-RRB-`), so the tree's line reads back.
 
+    With `with_words`, the tokens between brackets alternate word, tag (as
+    `linearize(..., words=True)` writes them); with `tags`, a written word
+    runs on to the next tag (SentencePiece writes characters it does not know
+    as ` ⁇ `). The leaf is the sentence's word and the written word's tag;
+    also counted as repairs: a written word that is not the sentence's next
+    word, and a word with no tag before the next bracket (it stands as `XX`).
+
     Args:
         tokens: list of str, the model's output (`linearize`'s vocabulary).
         words: list of str, the sentence.
         tags: set of str or None, the word tokens the model was trained on
             (POS tags, or `XX`); None accepts any token without a bracket.
+        with_words: bool, the output writes each word before its tag.
 
     Returns:
         `(tree, repairs)`: an `nltk.Tree` rooted at `TOP` whose leaves are
@@ -170,9 +190,28 @@ def delinearize(tokens, words, tags=None):
     """
     repairs, skipped = 0, 0
     stack = [Tree(ROOT, [])]
-    words = [word.replace("(", "-LRB-").replace(")", "-RRB-") for word in words]
-    position = 0
+    words = [escape_brackets(word) for word in words]
+    position, pending = 0, None  # pending: a written word awaiting its tag
+
+    def add_leaf(tag, written=None):
+        nonlocal position, repairs
+        if position >= len(words):
+            repairs += 1  # beyond the words: dropped
+            return
+        if tag is None:  # a written word without its tag
+            tag, repairs = PLACEHOLDER, repairs + 1
+        elif "(" in tag or ")" in tag or (tags is not None and tag not in tags):
+            tag, repairs = PLACEHOLDER, repairs + 1
+        if written is not None and not _same_word(written, words[position]):
+            repairs += 1
+        stack[-1].append(Tree(tag, [words[position]]))
+        position += 1
+
     for token in tokens:
+        is_bracket = token.startswith(("(", ")")) and len(token) > 1
+        if is_bracket and pending is not None:
+            add_leaf(None, pending)
+            pending = None
         if token.startswith("(") and len(token) > 1 and len(stack) > MAX_DEPTH:
             skipped, repairs = skipped + 1, repairs + 1  # dropped, with its closing bracket
         elif token.startswith("(") and len(token) > 1:
@@ -189,13 +228,16 @@ def delinearize(tokens, words, tags=None):
                 stack.pop()
             else:
                 repairs += 1
-        elif position < len(words):
-            if "(" in token or ")" in token or (tags is not None and token not in tags):
-                token, repairs = PLACEHOLDER, repairs + 1
-            stack[-1].append(Tree(token, [words[position]]))
-            position += 1
+        elif with_words and pending is None:
+            pending = token
+        elif with_words and tags is not None and token not in tags:
+            # SentencePiece writes an unknown character as " ⁇ ": still the same word.
+            pending = f"{pending} {token}"
         else:
-            repairs += 1
+            add_leaf(token, pending)
+            pending = None
+    if pending is not None:
+        add_leaf(None, pending)
     repairs += len(stack) - 1
     if position < len(words):
         repairs += 1
@@ -212,6 +254,22 @@ def delinearize(tokens, words, tags=None):
         tree = Tree(ROOT, [])
     dropped = _count_constituents(stack[0]) - _count_constituents(tree)
     return tree, repairs + dropped
+
+
+def escape_brackets(text):
+    """`text` with brackets written as the treebank writes them (`-LRB-`, `-RRB-`; str)."""
+    return text.replace("(", "-LRB-").replace(")", "-RRB-")
+
+
+def _same_word(written, word):
+    """Whether a word the model wrote is `word` as its vocabulary writes it back:
+    normalised NFKC, with ` ⁇ ` for each run of characters it does not know."""
+    parts = [
+        unicodedata.normalize("NFKC", escape_brackets(part.strip()))
+        for part in written.split(UNKNOWN)
+    ]
+    word = unicodedata.normalize("NFKC", escape_brackets(word))
+    return re.fullmatch(".+".join(re.escape(part) for part in parts), word) is not None
 
 
 def _count_constituents(tree):

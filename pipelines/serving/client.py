@@ -22,6 +22,7 @@ EARLIER_SETTINGS = {
     "nbest": 4,
     "extra_length": 50,
     "tree_constraint": False,
+    "tree_words": False,
 }
 
 
@@ -55,7 +56,8 @@ def export_settings(version):
     Returns:
         dict: `beam_size`, `alpha`, `nbest`, `extra_length` (target pieces a
         sentence may produce beyond its source pieces, end of sentence
-        included), `tree_constraint` (searches write only trees) and, for
+        included), `tree_constraint` (searches write only trees),
+        `tree_words` (a parser writes each word before its tag) and, for
         exports that record it, `max_source_length`.
         Exports made before the settings file get the settings they used.
 

@@ -95,6 +95,9 @@ class Translator(tf.Module):
         tree_constraint: bool, a parser's searches write only well-formed
             trees over the input's words (`BracketConstraint`, built from the
             vocabulary's brackets and tags); sampling stays free.
+        tree_words: bool, the parser writes each word before its tag
+            (`data.treebank_words`): the constrained searches copy the words
+            from the source, and `kt parse` reads them back.
     """
 
     def __init__(
@@ -108,14 +111,17 @@ class Translator(tf.Module):
         chunk_size=CHUNK_SIZE,
         extra_length=EXTRA_LENGTH,
         tree_constraint=False,
+        tree_words=False,
     ):
         super().__init__(name="translator")
         # What `export` records for clients (`client.export_settings`).
         self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
-        self.search_settings["tree_constraint"] = tree_constraint
+        self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
         check_special_ids(model, sentencepiece_path)
-        constraint = _constraint(sentencepiece_path, model.eos_id) if tree_constraint else None
+        constraint = None
+        if tree_constraint:
+            constraint = _constraint(sentencepiece_path, model.eos_id, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
@@ -189,11 +195,11 @@ class Translator(tf.Module):
         }
 
 
-def _constraint(sentencepiece_path, eos_id):
+def _constraint(sentencepiece_path, eos_id, copy_words):
     """A parser's `BracketConstraint` (imported here: translators need no tree reader)."""
     from pipelines.parsing.corpus import bracket_constraint
 
-    return bracket_constraint(sentencepiece_path, eos_id)
+    return bracket_constraint(sentencepiece_path, eos_id, copy_words)
 
 
 def _captured_variables(functions):

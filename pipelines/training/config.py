@@ -67,6 +67,9 @@ class DataConfig:
     )
     treebank_dir: str | None = setting(None, "folder of Penn Treebank wsj_NNNN.mrg files (ptb)")
     treebank_pos_tags: bool = setting(False, "ptb targets keep POS tags, not the XX placeholder")
+    treebank_words: bool = setting(
+        False, "ptb targets write each word before its tag (the search copies it)"
+    )
 
 
 @dataclasses.dataclass

@@ -43,6 +43,12 @@ def run_max_length(run_dir):
     return _group(run_dir, "batching").get("max_length")
 
 
+def run_tree_words(run_dir):
+    """Whether a run's parser writes each word before its tag (`data.treebank_words`; bool)."""
+    data = _group(run_dir, "data")
+    return data.get("corpus") == "ptb" and data.get("treebank_words") is True
+
+
 def run_decoding(run_dir):
     """The search settings a run records (its `decoding` group), else the defaults.
 

@@ -81,7 +81,10 @@ def load_pairs(config):
         return load("train"), load("validation"), load("test")
     if config.data.corpus == "ptb":
         load = lambda split: treebank_pairs(  # noqa: E731
-            config.data.treebank_dir, split, config.data.treebank_pos_tags
+            config.data.treebank_dir,
+            split,
+            config.data.treebank_pos_tags,
+            config.data.treebank_words,
         )[0]
         train, validation, test = load("train"), load("dev"), load("test")
         if not train:
@@ -109,6 +112,11 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
+def _tree_words(config):
+    """Whether the run's targets are trees that write each word before its tag."""
+    return config.data.corpus == "ptb" and config.data.treebank_words
+
+
 def _whole_tokens(config, pairs):
     """The target tokens kept whole by the vocabulary (`whole_target_tokens`), else none.
 
@@ -120,7 +128,7 @@ def _whole_tokens(config, pairs):
     if isinstance(pairs, tf.data.Dataset):
         pairs = list(_sentences(pairs, limit=100_000))
         pairs = list(zip(pairs[::2], pairs[1::2], strict=True))
-    tokens = target_tokens(pairs)
+    tokens = target_tokens(pairs, _tree_words(config))
     if len(tokens) >= config.batching.vocabulary_size // 2:
         raise DataError(
             f"whole_target_tokens: the targets have {len(tokens)} distinct tokens, too many for "
@@ -423,7 +431,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
                 handle.writelines(f"{text}\n" for text in texts)
         constraint = None
         if config.decoding.tree_constraint:
-            constraint = bracket_constraint(spm_path, model.eos_id)
+            constraint = bracket_constraint(spm_path, model.eos_id, _tree_words(config))
         hypotheses = translate(
             model,
             tok,
@@ -437,7 +445,8 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
             _, gold = treebank_pairs(config.data.treebank_dir, split)
             # The tags the vocabulary keeps whole, as `kt parse` reads them from an export.
             tags = vocabulary_tags(spm_path)
-            result["greedy_parse"] = {"split": split, **parse_scores(hypotheses, gold, tags)}
+            scores = parse_scores(hypotheses, gold, tags, _tree_words(config))
+            result["greedy_parse"] = {"split": split, **scores}
             with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
                 handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)
         else:

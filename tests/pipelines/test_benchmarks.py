@@ -137,7 +137,7 @@ def test_ptb_recipe_smoke(tmp_path):
     output = tmp_path / "recipe.json"
     argv = ["--treebank-dir", treebank, "--output-dir", str(tmp_path / "run"),
             "--set", "steps=4", "--set", "max_minutes=null", "--set", "steps_per_epoch=2",
-            "--set", "vocabulary_size=120", "--set", "batch_tokens=700",
+            "--set", "vocabulary_size=120", "--set", "batch_tokens=1100",
             "--set", "model.num_layers=1", "--set", "model.hidden_dim=16",
             "--set", "model.intermediate_dim=32", "--set", "model.num_heads=2",
             "--beam-size", "2", "--output", str(output)]  # fmt: skip
@@ -145,8 +145,9 @@ def test_ptb_recipe_smoke(tmp_path):
     result = read(output)
     assert result["steps"] == 4
     # As the export records them: the flag's beam, the recipe's alpha and output limit.
-    assert result["search"] == {"beam_size": 2, "alpha": 0.3, "nbest": 2, "extra_length": 300,
-                                "max_source_length": 640, "tree_constraint": True}  # fmt: skip
+    assert result["search"] == {"beam_size": 2, "alpha": 0.3, "nbest": 2, "extra_length": 600,
+                                "max_source_length": 1100, "tree_constraint": True,
+                                "tree_words": True}  # fmt: skip
     assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too
     for split, sentences in (("dev", 6), ("test", 4)):
         found = result["splits"][split]

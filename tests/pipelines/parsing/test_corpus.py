@@ -50,3 +50,8 @@ def test_target_tokens_of_the_sample_are_a_closed_vocabulary():
     assert len(pairs) == len(gold) == len(read_trees(root, "dev")) == 427
     tokens = target_tokens(pairs)
     assert "XX" in tokens and "(NP" in tokens and ")NP" in tokens and len(tokens) < 100
+    # Targets that also write the words keep the same closed vocabulary.
+    tagged, _ = treebank_pairs(root, "dev", pos_tags=True)
+    with_words, _ = treebank_pairs(root, "dev", pos_tags=True, words=True)
+    assert target_tokens(with_words, words=True) == target_tokens(tagged)
+    assert len(with_words[0][1].split()) == len(tagged[0][1].split()) + len(tagged[0][0].split())

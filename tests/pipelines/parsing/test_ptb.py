@@ -22,13 +22,14 @@ from pipelines.parsing.corpus import (
 from pipelines.parsing.evalb import read_bracketed, score_trees
 from pipelines.parsing.trees import read_trees, to_bracketed
 from pipelines.serving import client
+from pipelines.training import recorded
 from tests.pipelines.parsing.synthetic import write_treebank
 
 TINY = [
     "--set", "model.num_layers=1", "--set", "model.hidden_dim=32",
     "--set", "model.intermediate_dim=64", "--set", "model.num_heads=2",
     "--set", "max_minutes=null", "--steps", "6", "--steps-per-epoch", "3",
-    "--vocabulary-size", "120", "--batch-tokens", "700", "--average-last", "1",
+    "--vocabulary-size", "120", "--batch-tokens", "1100", "--average-last", "1",
     "--beam-size", "3", "--extra-length", "40",
 ]  # fmt: skip
 
@@ -58,18 +59,25 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
     tokenizer = load_tokenizer(os.path.join(out, "sentencepiece.model"))
     sentences = [" ".join(tree.leaves()) for tree in gold]
     spm_path = os.path.join(out, "sentencepiece.model")
-    constraint = bracket_constraint(spm_path, model.eos_id)  # the recipe's tree_constraint
+    # The recipe's tree_constraint, copying the words its targets write.
+    constraint = bracket_constraint(spm_path, model.eos_id, copy_words=True)
     greedy = translate(
-        model, tokenizer, sentences, max_source_length=640, extra_length=40, constraint=constraint
+        model, tokenizer, sentences, max_source_length=1100, extra_length=40, constraint=constraint
     )
     tags = vocabulary_tags(spm_path)
-    assert parsed == {"split": "dev", **parse_scores(greedy, gold, tags)}
+    assert parsed == {"split": "dev", **parse_scores(greedy, gold, tags, with_words=True)}
     assert parsed["repaired"] == 0  # constrained outputs are trees over the words
+    for output, sentence in zip(greedy, sentences, strict=True):  # each word, then its tag
+        written = [t for t in output.split() if not t.startswith(("(", ")"))]
+        assert written[::2] == sentence.split() and set(written[1::2]) <= tags
     processor = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(out, "sentencepiece.model")
     )
     target = "(S (NP DT NN )NP (VP VBZ )VP . )S"  # the recipe keeps POS tags
     assert processor.encode(target, out_type=str) == ["▁" + t for t in target.split()]
+    # The words its targets write are not kept whole: they are the source's pieces.
+    words = {word for sentence in sentences for word in sentence.split()}
+    assert len(words) > 10 and tags & words <= {".", ","}  # punctuation is its own tag
 
 
 def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path, capsys):
@@ -77,7 +85,8 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
     version = str(root / "saved" / "ptb" / "1")
     settings = client.export_settings(version)
     assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
-                        "max_source_length": 640, "tree_constraint": True}  # fmt: skip
+                        "max_source_length": 1100, "tree_constraint": True,
+                        "tree_words": True}  # fmt: skip
     loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3
@@ -99,7 +108,8 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
 
 def test_exports_without_a_settings_file_searched_as_before(tmp_path):
     assert client.export_settings(str(tmp_path)) == {
-        "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50, "tree_constraint": False
+        "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50, "tree_constraint": False,
+        "tree_words": False,
     }  # fmt: skip
     (tmp_path / "assets.extra").mkdir()
     (tmp_path / "assets.extra" / "keras_transformer.json").write_text("[]")
@@ -127,7 +137,7 @@ def test_parse_writes_one_tree_a_line_over_the_input_words_and_parseval_scores_i
     tags = vocabulary_tags(os.path.join(version, "assets", "sentencepiece.model"))
     assert "DT" in tags and "NN" in tags and not any(t.startswith(("(", ")")) for t in tags)
     expected, repaired = parse_lines(
-        [t.decode() for t in raw["translations"].numpy()], sentences, tags
+        [t.decode() for t in raw["translations"].numpy()], sentences, tags, with_words=True
     )
     assert lines == [to_bracketed(tree) for tree in expected]
     assert repaired == 0  # the export searches under the recipe's tree constraint
@@ -152,6 +162,32 @@ def test_parse_writes_one_tree_a_line_over_the_input_words_and_parseval_scores_i
     ]
     assert parseval.main(argv) == 0
     assert json.loads(scores.read_text()) == score_trees(gold, expected)
+
+
+def test_parse_reads_brackets_in_words_as_the_treebank_writes_them(ptb_run, tmp_path, capsys):
+    root, _, _ = ptb_run
+    words, output = tmp_path / "in.words", tmp_path / "out.trees"
+    words.write_text("the dog ( sees ) a (cat) .\n")
+    argv = ["--model", str(root / "saved" / "ptb"), "--input", str(words), "--output", str(output)]
+    assert parse.main(argv) == 0
+    tree = read_bracketed(output.read_text())
+    assert tree.leaves() == "the dog -LRB- sees -RRB- a -LRB-cat-RRB- .".split()
+    assert "0 of 1 outputs (0.00%) were repaired" in capsys.readouterr().err
+
+
+def test_the_export_writes_words_as_its_run_says_or_as_told(ptb_run, tmp_path):
+    _, _, out = ptb_run
+    argv = ["--run-dir", out, "--base", str(tmp_path), "--name", "p", "--beam-size", "1"]
+    assert export.main([*argv, "--no-tree-words"]) == 0
+    assert client.export_settings(str(tmp_path / "p" / "1"))["tree_words"] is False
+    config = json.loads(open(os.path.join(out, "config.json")).read())
+    assert recorded.run_tree_words(out) is config["data"]["treebank_words"] is True
+    config["data"]["corpus"] = "files"  # only a parser's targets write words
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(config))
+    assert recorded.run_tree_words(str(other)) is False
+    assert recorded.run_tree_words(str(tmp_path / "none")) is False
 
 
 def test_parse_refuses_bad_arguments_before_loading_the_model(tmp_path, capsys):

@@ -18,7 +18,8 @@ from pipelines.parsing.trees import (
 )
 from tests.pipelines.conftest import shared_data
 
-TREE = Tree.fromstring("(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)))")
+TREE_LINE = "(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)))"
+TREE = Tree.fromstring(TREE_LINE)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,37 @@ def test_cleaning_removes_empty_elements_function_tags_and_emptied_constituents(
 def test_linearisation_is_depth_first_with_labelled_brackets():
     assert " ".join(linearize(TREE)) == "(S (NP XX XX )NP (VP XX )VP XX )S"
     assert " ".join(linearize(TREE, pos_tags=True)) == "(S (NP DT NN )NP (VP VBZ )VP . )S"
+
+
+def test_linearisation_with_words_writes_each_word_before_its_tag():
+    assert " ".join(linearize(TREE, pos_tags=True, words=True)) == (
+        "(S (NP The DT dog NN )NP (VP barks VBZ )VP . . )S"
+    )
+    tokens = linearize(TREE, pos_tags=True, words=True)
+    assert delinearize(tokens, TREE.leaves(), with_words=True) == (TREE, 0)
+
+
+@pytest.mark.parametrize(
+    "tokens, expected, repairs",
+    [
+        # A written word that is a tag is read as a word (a word comes first), and differs.
+        ("(S (NP The NN DT NN )NP )S", "(TOP (S (NP (NN The) (NN dog))) (XX barks) (XX .))", 2),
+        # A word other than the sentence's, and a word without its tag.
+        ("(S (NP The DT cat NN )NP (VP barks )VP . . )S",
+         "(TOP (S (NP (DT The) (NN dog)) (VP (XX barks)) (. .)))", 2),
+        # Characters the vocabulary does not know come back as " ⁇ ": the same word.
+        ("(S (NP The DT d \u2047 g NN )NP (VP barks VBZ )VP . . )S", TREE_LINE, 0),
+        ("(S (NP The DT d \u2047 x NN )NP (VP barks VBZ )VP . . )S", TREE_LINE, 1),
+        # A last word without its tag; words beyond the sentence; nothing at all.
+        ("(S (NP The DT dog NN )NP (VP barks VBZ )VP . )S",
+         "(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (XX .)))", 1),
+        ("(S (NP The DT dog NN )NP (VP barks VBZ )VP . . a DT )S", TREE_LINE, 1),
+        ("", "(TOP (XX The) (XX dog) (XX barks) (XX .))", 1),
+    ],
+)  # fmt: skip
+def test_output_with_words_is_read_word_then_tag_and_repaired(tokens, expected, repairs):
+    tree, count = delinearize(tokens.split(), TREE.leaves(), {"DT", "NN", "VBZ", "."}, True)
+    assert to_bracketed(tree) == expected and count == repairs
 
 
 def test_output_that_is_a_tree_needs_no_repair():

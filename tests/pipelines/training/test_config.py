@@ -249,7 +249,7 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
     assert recorded.run_decoding(str(tmp_path)) == {
         "beam_size": 21,
         "alpha": 0.5,
-        "extra_length": 300,
+        "extra_length": 600,
         "tree_constraint": True,
     }
     for bad, message in [

@@ -388,3 +388,19 @@ def test_searches_copy_the_source_words_into_trees(model):
         check_copied(row, source)
         for hypothesis in sentence:
             check_copied(hypothesis, source)
+
+
+def test_copying_weighs_where_a_word_goes_not_how_it_is_spelt():
+    rng = np.random.default_rng(2)
+    log_probs = np.log(rng.dirichlet(np.ones(VOCABULARY), size=2)).astype("float32")
+    source = np.array([[10, 13, EOS], [10, 13, EOS]], "int32")
+    history = np.array([[4, PAD, PAD], [4, 10, PAD]], "int32")  # (A | (A w-
+    out = to_numpy(copying()(log_probs, history, 1, source, np.array([20, 20], "int32")))
+    # After `(A`: the word's first id carries the probability of any word there.
+    words = [i for i in range(VOCABULARY) if i not in (4, 5, 6, 7, 8, 9, EOS)]
+    np.testing.assert_allclose(out[0, 10], np.logaddexp.reduce(log_probs[0, words]), rtol=1e-5)
+    np.testing.assert_allclose(out[0, [4, 5]], log_probs[0, [4, 5]])  # brackets as they were
+    assert (out[0, [6, 7, 8, 9, 11, 13, EOS]] <= IMPOSSIBLE / 2).all()
+    # Inside the word its next id is certain, and nothing else may come.
+    out = to_numpy(copying()(log_probs, history, 2, source, np.array([20, 20], "int32")))
+    assert out[1, 13] == 0.0 and (np.delete(out[1], 13) <= IMPOSSIBLE / 2).all()

@@ -55,7 +55,10 @@ class BracketConstraint:
     follow instead (inside a bracket, while words are left); inside a word,
     only its next source id; once the word is written, only a tag. Brackets
     open and close only between words. The source's ids run up to its first
-    `eos_id`; no word may begin with a bracket's id.
+    `eos_id`; no word may begin with a bracket's id. The search then chooses
+    where words go, not how they are spelt: a word's first id takes the
+    model's probability of any word there, the ids continuing it are certain,
+    so scores are not `score_hypotheses`'s.
 
     Args:
         vocabulary_size: int `V`.
@@ -181,10 +184,29 @@ class BracketConstraint:
             | ((vocabulary == self.eos_id) & may_end[:, None])
         )  # (R, V)
         if moves["next"] is not None:
-            allowed = allowed | ((vocabulary == moves["next"][:, None]) & may_piece[:, None])
+            copy = (vocabulary == moves["next"][:, None]) & may_piece[:, None]  # (R, V)
+            allowed = allowed | copy
+            log_probs = self._copy_probabilities(log_probs, copy, moves)
         anything = ops.any(allowed, axis=1, keepdims=True)
         allowed = allowed | ops.logical_not(anything)
         return ops.where(allowed, log_probs, IMPOSSIBLE)
+
+    def _copy_probabilities(self, log_probs, copy, moves):
+        """`(R, V)` log-probabilities where the copied id stands for "a word comes here".
+
+        The word is the source's, so the search weighs only whether a word
+        comes next: a word's first id takes the model's probability of any
+        word (every id that is no bracket, tag or end of sequence, and the id
+        itself); the ids that continue it are certain (log-probability 0).
+        Otherwise a word the model spells differently (a rare one) would lose
+        to brackets opened again and again.
+        """
+        vocabulary = ops.arange(self.vocabulary_size, dtype="int32")[None]  # (1, V)
+        kinds = ops.convert_to_tensor(self.kinds)[None]
+        wordlike = ((kinds == _OTHER) & (vocabulary != self.eos_id)) | copy
+        any_word = ops.logsumexp(ops.where(wordlike, log_probs, IMPOSSIBLE), axis=1)  # (R,)
+        starting = moves["between"][:, None]  # a word's first id, else one continuing it
+        return ops.where(copy, ops.where(starting, any_word[:, None], 0.0), log_probs)
 
     def _copying(self, source_ids, starts, content):
         """Where each row stands in its source's words, with `copy_words`.

@@ -119,9 +119,7 @@ class Translator(tf.Module):
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
         check_special_ids(model, sentencepiece_path)
-        constraint = None
-        if tree_constraint:
-            constraint = _constraint(sentencepiece_path, model.eos_id, tree_words)
+        constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
@@ -195,8 +193,11 @@ class Translator(tf.Module):
         }
 
 
-def _constraint(sentencepiece_path, eos_id, copy_words):
-    """A parser's `BracketConstraint` (imported here: translators need no tree reader)."""
+def _constraint(sentencepiece_path, eos_id, tree_constraint, copy_words):
+    """A parser's `BracketConstraint`, or None without `tree_constraint` (imported here:
+    translators need no tree reader)."""
+    if not tree_constraint:
+        return None
     from pipelines.parsing.corpus import bracket_constraint
 
     return bracket_constraint(sentencepiece_path, eos_id, copy_words)

@@ -120,11 +120,10 @@ class BracketConstraint:
         self.kinds, self.closers, self.starts = kinds, closers, starts
 
     def _brackets(self, history, index):
-        """The brackets' state: `(kind (R, T), depth (R,), closing (R,), filled (R,),
-        content (R,))`: each written token's kind, the open brackets, the id
-        closing the innermost one (-1: none open), whether that one holds a leaf,
-        and the tokens written that are not brackets (leaves; with
-        `copy_words`, words and tags)."""
+        """The brackets' state: `(depth (R,), closing (R,), filled (R,), content (R,))`:
+        the open brackets, the id closing the innermost one (-1: none open),
+        whether that one holds a leaf, and the tokens written that are not
+        brackets (leaves; with `copy_words`, words and tags)."""
         kinds = ops.convert_to_tensor(self.kinds)
         written = ops.arange(ops.shape(history)[1]) < index  # (T,)
         kind = ops.take(kinds, history)  # (R, T)
@@ -149,12 +148,12 @@ class BracketConstraint:
         top_token = ops.take_along_axis(history, top_at, axis=1)[:, 0]
         closing = ops.where(top >= 0, ops.take(ops.convert_to_tensor(self.closers), top_token), -1)
         filled = content - ops.take_along_axis(content_after, top_at, axis=1)[:, 0] > 0
-        return kind, depth, closing, filled, content
+        return depth, closing, filled, content
 
     def __call__(self, log_probs, history, index, source_ids, limits):
         history = ops.convert_to_tensor(history, "int32")
         source_ids = ops.convert_to_tensor(source_ids, "int32")
-        _, depth, closing, filled, content = self._brackets(history, index)
+        depth, closing, filled, content = self._brackets(history, index)
         room = ops.convert_to_tensor(limits, "int32") - index
         starts = ops.take(ops.convert_to_tensor(self.starts), source_ids)  # (R, S)
         if self.copy_words:
@@ -186,12 +185,12 @@ class BracketConstraint:
         if moves["next"] is not None:
             copy = (vocabulary == moves["next"][:, None]) & may_piece[:, None]  # (R, V)
             allowed = allowed | copy
-            log_probs = self._copy_probabilities(log_probs, copy, moves)
+            log_probs = self._copy_probabilities(log_probs, copy, moves, kinds[None], vocabulary)
         anything = ops.any(allowed, axis=1, keepdims=True)
         allowed = allowed | ops.logical_not(anything)
         return ops.where(allowed, log_probs, IMPOSSIBLE)
 
-    def _copy_probabilities(self, log_probs, copy, moves):
+    def _copy_probabilities(self, log_probs, copy, moves, kinds, vocabulary):
         """`(R, V)` log-probabilities where the copied id stands for "a word comes here".
 
         The word is the source's, so the search weighs only whether a word
@@ -201,8 +200,6 @@ class BracketConstraint:
         Otherwise a word the model spells differently (a rare one) would lose
         to brackets opened again and again.
         """
-        vocabulary = ops.arange(self.vocabulary_size, dtype="int32")[None]  # (1, V)
-        kinds = ops.convert_to_tensor(self.kinds)[None]
         wordlike = ((kinds == _OTHER) & (vocabulary != self.eos_id)) | copy
         any_word = ops.logsumexp(ops.where(wordlike, log_probs, IMPOSSIBLE), axis=1)  # (R,)
         starting = moves["between"][:, None]  # a word's first id, else one continuing it

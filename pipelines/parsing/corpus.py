@@ -48,14 +48,10 @@ def target_tokens(pairs, words=False):
     tokens = set()
     for _, target in pairs:
         target = target.split()
-        leaves = [token for token in target if not _is_bracket(token)]
-        tokens.update(token for token in target if _is_bracket(token))
+        leaves = [token for token in target if not trees.is_bracket(token)]
+        tokens.update(token for token in target if trees.is_bracket(token))
         tokens.update(leaves[1::2] if words else leaves)
     return sorted(tokens)
-
-
-def _is_bracket(token):
-    return token.startswith(("(", ")")) and len(token) > 1
 
 
 def vocabulary_tags(sentencepiece_path):

@@ -124,6 +124,11 @@ def word_tags(tokens):
     return {token for token in tokens if not token.startswith(("(", ")"))}
 
 
+def is_bracket(token):
+    """Whether a target token opens or closes a constituent (`(NP`, `)NP`; bool)."""
+    return token.startswith(("(", ")")) and len(token) > 1
+
+
 def is_preterminal(node):
     return isinstance(node, Tree) and len(node) == 1 and isinstance(node[0], str)
 
@@ -208,8 +213,7 @@ def delinearize(tokens, words, tags=None, with_words=False):
         position += 1
 
     for token in tokens:
-        is_bracket = token.startswith(("(", ")")) and len(token) > 1
-        if is_bracket and pending is not None:
+        if is_bracket(token) and pending is not None:
             add_leaf(None, pending)
             pending = None
         if token.startswith("(") and len(token) > 1 and len(stack) > MAX_DEPTH:

@@ -25,6 +25,12 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     step sees a new value only if it takes `variables` as inputs (through
     `keras.StatelessScope`), as the pipelines' `JaxTrainer` does.
 
+    A run that changes its length once the cooldown has begun passes
+    `set_total_steps(total_steps, (i, schedule.multiplier(i)))`: from update
+    `i` on, the multiplier falls linearly from the value it had there to 0 at
+    the new `total_steps`, so a longer run stretches the rest of the fall
+    instead of raising the rate again, and a shorter one steepens it.
+
     Args:
         hidden_dim: int, model size.
         warmup_steps: int, warm-up length (4000 in the paper).
@@ -33,6 +39,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             `cooldown`).
         cooldown: float in [0, 1], the fraction of `total_steps` over which
             the rate falls to 0. 0 (the paper) keeps eq. (3) unchanged.
+        cooldown_from: `(step, multiplier)` or None: the cooldown falls
+            linearly from `multiplier` at update `step` to 0 at
+            `total_steps` (as `set_total_steps` takes it).
 
     Call arguments:
         step: int scalar, the optimizer's iteration counter (from 0).
@@ -53,7 +62,15 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         Zhai et al., 2022, "Scaling Vision Transformers", section 3.5.
     """
 
-    def __init__(self, hidden_dim, warmup_steps=4000, scale=1.0, total_steps=None, cooldown=0.0):
+    def __init__(
+        self,
+        hidden_dim,
+        warmup_steps=4000,
+        scale=1.0,
+        total_steps=None,
+        cooldown=0.0,
+        cooldown_from=None,
+    ):
         if hidden_dim <= 0:
             raise ValueError(f"hidden_dim must be positive. Received: hidden_dim={hidden_dim}")
         if warmup_steps <= 0:
@@ -70,10 +87,18 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = warmup_steps
         self.scale = scale
         self.cooldown = cooldown
-        self._total_steps = None
+        self._total_steps = self._from_step = self._from_multiplier = None
         if cooldown > 0:
             self._total_steps = keras.Variable(
                 float(total_steps or 0), dtype="float32", trainable=False, name="total_steps"
+            )
+            # Step -1: no re-planned cooldown, the fall of `cooldown * total_steps` updates.
+            step, multiplier = cooldown_from if cooldown_from is not None else (-1, 1.0)
+            self._from_step = keras.Variable(
+                float(step), dtype="float32", trainable=False, name="cooldown_from_step"
+            )
+            self._from_multiplier = keras.Variable(
+                float(multiplier), dtype="float32", trainable=False, name="cooldown_from_multiplier"
             )
 
     @property
@@ -84,12 +109,31 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return int(keras.ops.convert_to_numpy(self._total_steps))
 
     @property
+    def cooldown_from(self):
+        """`(step, multiplier)` or None: where a re-planned cooldown falls from."""
+        if self._from_step is None:
+            return None
+        step = float(ops.convert_to_numpy(self._from_step))
+        return None if step < 0 else (int(step), float(ops.convert_to_numpy(self._from_multiplier)))
+
+    @property
     def variables(self):
         """list of `keras.Variable`: the state the schedule reads (`total_steps`), if any."""
-        return [] if self._total_steps is None else [self._total_steps]
+        if self._total_steps is None:
+            return []
+        return [self._total_steps, self._from_step, self._from_multiplier]
 
-    def set_total_steps(self, total_steps):
+    def set_total_steps(self, total_steps, cooldown_from=None):
         """Sets the run's length in updates; the cooldown ends there.
+
+        Args:
+            total_steps: int, the run's updates.
+            cooldown_from: `(step, multiplier)` or None. Given, the
+                multiplier on eq. (3) falls linearly from `multiplier` at
+                update `step` to 0 at `total_steps`; pass
+                `(i, schedule.multiplier(i))` to keep the rate where it is at
+                update `i`. None: the plain cooldown over the last
+                `cooldown * total_steps` updates.
 
         Raises:
             ValueError: the schedule has no cooldown, or `total_steps` < 0.
@@ -100,7 +144,27 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(
                 f"total_steps must be positive or 0. Received: total_steps={total_steps}"
             )
+        step, multiplier = cooldown_from if cooldown_from is not None else (-1, 1.0)
         self._total_steps.assign(float(total_steps))
+        self._from_step.assign(float(step))
+        self._from_multiplier.assign(float(multiplier))
+
+    def multiplier(self, step):
+        """float: the cooldown's factor on eq. (3) at update `step` (1.0 without one)."""
+        if self._total_steps is None:
+            return 1.0
+        return float(ops.convert_to_numpy(self._multiplier(float(step))))
+
+    def _multiplier(self, iteration):
+        # The cooldown's factor on eq. (3) at update `iteration` (float32 scalar).
+        total = ops.convert_to_tensor(self._total_steps)
+        start = ops.convert_to_tensor(self._from_step)
+        plain = ops.clip((total - iteration) / ops.maximum(self.cooldown * total, 1.0), 0.0, 1.0)
+        stretched = ops.convert_to_tensor(self._from_multiplier) * ops.clip(
+            (total - iteration) / ops.maximum(total - start, 1.0), 0.0, 1.0
+        )
+        factor = ops.where((start >= 0) & (iteration >= start), stretched, plain)
+        return ops.where(total > 0, factor, 1.0)
 
     def __call__(self, step):
         iteration = ops.cast(step, "float32")
@@ -112,9 +176,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         )
         if self._total_steps is None:
             return rate
-        total = ops.convert_to_tensor(self._total_steps)
-        remaining = (total - iteration) / ops.maximum(self.cooldown * total, 1.0)
-        return ops.where(total > 0, rate * ops.clip(remaining, 0.0, 1.0), rate)
+        return rate * self._multiplier(iteration)
 
     @classmethod
     def from_config(cls, config):
@@ -127,6 +189,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "scale": self.scale,
             "total_steps": self.total_steps,
             "cooldown": self.cooldown,
+            "cooldown_from": self.cooldown_from,
         }
 
 

@@ -77,10 +77,33 @@ def test_total_steps_set_later_moves_the_cooldown():
         TransformerSchedule(64, cooldown=1.5)
 
 
+def test_a_replanned_cooldown_falls_on_from_where_it_is():
+    schedule = TransformerSchedule(64, warmup_steps=100, total_steps=1000, cooldown=0.5)
+    plain = TransformerSchedule(64, warmup_steps=100)
+    # At update 800 the plain fall (from 500 to 1000) has reached 0.4; the run
+    # now lasts 1,400 updates: 0.4 falls linearly to 0 at 1,400.
+    multiplier = schedule.multiplier(800)
+    np.testing.assert_allclose(multiplier, 0.4, rtol=1e-6)
+    schedule.set_total_steps(1400, (800, multiplier))
+    assert schedule.cooldown_from == (800, pytest.approx(0.4))
+    for iteration in (800, 900, 1100, 1399, 1400, 1500):
+        factor = 0.4 * max(0.0, (1400 - iteration) / 600)
+        np.testing.assert_allclose(
+            float(schedule(iteration)), factor * float(plain(iteration)), rtol=1e-5, atol=1e-12
+        )
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert revived.cooldown_from == schedule.cooldown_from
+    np.testing.assert_allclose(float(revived(1100)), float(schedule(1100)), rtol=1e-6)
+    # A plain plan again drops the re-planned fall.
+    schedule.set_total_steps(1000)
+    assert schedule.cooldown_from is None and schedule.multiplier(750) == pytest.approx(0.5)
+    assert plain.multiplier(750) == 1.0
+
+
 def test_variables_are_the_state_it_reads():
     assert TransformerSchedule(64).variables == []
     schedule = TransformerSchedule(64, warmup_steps=100, total_steps=1000, cooldown=0.5)
-    (total_steps,) = schedule.variables
+    total_steps, _, _ = schedule.variables
     # A stateless step that maps the variable sees the mapped run length.
     with keras.StatelessScope(state_mapping=[(total_steps, keras.ops.convert_to_tensor(750.0))]):
         assert float(schedule(750)) == 0.0

@@ -213,9 +213,11 @@ class TimeBudget(keras.callbacks.Callback):
     them, mid-epoch if need be (that epoch is
     validated and checkpointed as it ends). It sets the schedule's
     `total_steps`, so a cooldown ends at the end of the budget, and stops
-    training when the plan is done. Once the cooldown has begun the plan can
-    only shrink (the rate never rises again); a plan that shrinks lowers the
-    rate at once and still ends at 0. A step that ends past the training
+    training when the plan is done. Once the cooldown has begun a new plan
+    keeps the rate where it is and moves the end of its fall: steps that
+    speed up late lengthen the fall, so the budget is spent, and steps that
+    slow down steepen it (the rate never rises again and still ends at 0).
+    A step that ends past the training
     time (`minutes - reserve_minutes`) ends the plan there, mid-epoch, so a
     sudden slowdown costs at most one step and the epoch's validation. The
     plan is written to `plan_path`; a resumed run keeps it (shrinking it only
@@ -264,6 +266,8 @@ class TimeBudget(keras.callbacks.Callback):
         return optimizer_steps(self.model.optimizer)
 
     def _cooling(self):
+        if self.schedule is not None and self.schedule.cooldown_from is not None:
+            return True  # a plan revised mid-cooldown, which may now end later
         cooldown = self.schedule.cooldown if self.schedule is not None else 0.0
         return self.total_steps is not None and self._step() >= (1 - cooldown) * self.total_steps
 
@@ -273,14 +277,19 @@ class TimeBudget(keras.callbacks.Callback):
         self._last = self.clock()
         if self.plan_path and self._step() > 0 and os.path.exists(self.plan_path):
             with open(self.plan_path, encoding="utf-8") as handle:
-                self._set_plan(json.load(handle)["total_steps"])
+                plan = json.load(handle)
+            self._set_plan(plan["total_steps"], plan.get("cooldown_from"))
             self.resumed = True
             logger.info("Resuming the time budget's plan of %d steps", self.total_steps)
 
-    def _set_plan(self, total_steps):
-        self.total_steps = total_steps
+    def _set_plan(self, total_steps, cooldown_from=None):
+        """Plans `total_steps`; `cooldown_from` restores a resumed plan's fall."""
         if self.schedule is not None:
-            self.schedule.set_total_steps(total_steps)
+            if cooldown_from is None and self._cooling():  # the fall goes on from here
+                step = self._step()
+                cooldown_from = (step, self.schedule.multiplier(step))
+            self.schedule.set_total_steps(total_steps, cooldown_from)
+        self.total_steps = total_steps
         if self.progbar is not None:  # "Epoch 3/37", not the step cap's count
             self.progbar.epochs = math.ceil(total_steps / self.params["steps"])
 
@@ -308,7 +317,9 @@ class TimeBudget(keras.callbacks.Callback):
 
     def _write_plan(self, total_steps, step_seconds):
         if self.plan_path:
-            write_json(self.plan_path, {"total_steps": total_steps, "step_seconds": step_seconds})
+            fall = self.schedule.cooldown_from if self.schedule is not None else None
+            plan = {"total_steps": total_steps, "step_seconds": step_seconds}
+            write_json(self.plan_path, {**plan, "cooldown_from": fall})
 
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()
@@ -321,7 +332,7 @@ class TimeBudget(keras.callbacks.Callback):
         planned = step + max(int(left // step_seconds), 0)
         if self.max_steps:
             planned = min(planned, self.max_steps)
-        fixed = self.resumed or self._cooling()  # the plan may only shrink
+        fixed = self.resumed  # the plan may only shrink
         if planned != self.total_steps and (
             self.total_steps is None or not fixed or planned < self.total_steps
         ):

@@ -235,8 +235,8 @@ def test_a_slower_epoch_shrinks_the_plan_within_the_budget(tmp_path):
 def test_the_first_plan_leaves_out_the_first_batch_which_traces(tmp_path):
     # The fit's first batch takes 100 s (tracing), every other 6 s; 5 minutes.
     # Timed from the first batch's end, epoch 1 says 6 s a step: 4 + 30 steps
-    # fit. Timed from its start it would say 29.5 s, plan 10 steps, and the
-    # cooldown (from step 5) would keep the plan from growing again.
+    # fit. Timed from its start it would say 29.5 s and plan 10 steps, with
+    # the cooldown starting at step 5.
     clock = FakeClock(step_seconds=100.0)
     trainer, schedule = cooled_trainer()
     budget = TimeBudget(5.0, clock(), 0.0, schedule, clock=clock)
@@ -248,6 +248,41 @@ def test_the_first_plan_leaves_out_the_first_batch_which_traces(tmp_path):
     fit_by_the_clock(trainer, budget, tick, steps_per_epoch=4)
     assert int(trainer.optimizer.iterations.numpy()) == 34 == schedule.total_steps
     assert clock.now - 1000.0 <= 300.0
+
+
+def test_steps_that_speed_up_in_the_cooldown_lengthen_its_fall(tmp_path):
+    # 3 minutes, steps of 10 s: 18 steps fit, the cooldown starts at step 9.
+    # From step 12 on steps take 5 s: the plan grows to spend the budget, and
+    # the rate falls on from where it is instead of rising again.
+    clock = FakeClock(step_seconds=10.0)
+    trainer, schedule = cooled_trainer()
+    optimizer = trainer.optimizer
+    plan = tmp_path / "budget.json"
+    budget = TimeBudget(3.0, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
+    rates = []
+
+    def speed_up(batch, logs):
+        clock.tick()
+        rates.append(logs["learning_rate"])
+        if int(optimizer.iterations.numpy()) >= 12:
+            clock.step_seconds = 5.0
+
+    fit_by_the_clock(trainer, budget, speed_up, steps_per_epoch=2)
+    steps = int(optimizer.iterations.numpy())
+    # 12 steps of 10 s, then the rest of the 180 s at 5 s a step (the first
+    # faster epoch still says 10 s: the plan follows the median of three).
+    assert 18 < steps == schedule.total_steps and clock.now - 1000.0 <= 180.0
+    assert 180.0 - clock.now + 1000.0 < 2 * 10.0  # the budget is spent
+    saved = json.loads(plan.read_text())
+    assert saved["total_steps"] == steps and saved["cooldown_from"][0] > 9
+    # From the cooldown's start the rate only falls, and it ends at 0.
+    assert np.all(np.diff(rates[8:]) <= 0) and rates[-1] == 0.0
+    # The last re-plan's fall: linear from its multiplier to 0 at the end.
+    start, multiplier = schedule.cooldown_from
+    paper = kt.TransformerSchedule(16, 2)
+    for i in range(start, steps):
+        factor = multiplier * (steps - i) / (steps - start)
+        np.testing.assert_allclose(float(schedule(i)), float(paper(i)) * factor, rtol=1e-5)
 
 
 def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):

@@ -118,7 +118,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     @property
     def variables(self):
-        """list of `keras.Variable`: the state the schedule reads (`total_steps`), if any."""
+        """list of `keras.Variable`: what the schedule reads (`total_steps`, `cooldown_from`)."""
         if self._total_steps is None:
             return []
         return [self._total_steps, self._from_step, self._from_multiplier]
@@ -130,7 +130,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
             total_steps: int, the run's updates.
             cooldown_from: `(step, multiplier)` or None. Given, the
                 multiplier on eq. (3) falls linearly from `multiplier` at
-                update `step` to 0 at `total_steps`; pass
+                update `step` to 0 at `total_steps` (the same line, capped
+                at 1, before `step`); pass
                 `(i, schedule.multiplier(i))` to keep the rate where it is at
                 update `i`. None: the plain cooldown over the last
                 `cooldown * total_steps` updates.
@@ -160,10 +161,17 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         total = ops.convert_to_tensor(self._total_steps)
         start = ops.convert_to_tensor(self._from_step)
         plain = ops.clip((total - iteration) / ops.maximum(self.cooldown * total, 1.0), 0.0, 1.0)
-        stretched = ops.convert_to_tensor(self._from_multiplier) * ops.clip(
-            (total - iteration) / ops.maximum(total - start, 1.0), 0.0, 1.0
+        # The line from (start, multiplier) to (total, 0), also before `start`
+        # (a run resumed from a backup older than the re-plan), capped at 1:
+        # the rate falls without a jump on either side of `start`.
+        stretched = ops.clip(
+            ops.convert_to_tensor(self._from_multiplier)
+            * (total - iteration)
+            / ops.maximum(total - start, 1.0),
+            0.0,
+            1.0,
         )
-        factor = ops.where((start >= 0) & (iteration >= start), stretched, plain)
+        factor = ops.where(start >= 0, stretched, plain)
         return ops.where(total > 0, factor, 1.0)
 
     def __call__(self, step):

@@ -1,3 +1,5 @@
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -86,12 +88,14 @@ def test_a_replanned_cooldown_falls_on_from_where_it_is():
     np.testing.assert_allclose(multiplier, 0.4, rtol=1e-6)
     schedule.set_total_steps(1400, (800, multiplier))
     assert schedule.cooldown_from == (800, pytest.approx(0.4))
-    for iteration in (800, 900, 1100, 1399, 1400, 1500):
-        factor = 0.4 * max(0.0, (1400 - iteration) / 600)
+    # Before 800 (a run resumed from an older backup) the same line, capped at 1.
+    for iteration in (0, 700, 800, 900, 1100, 1399, 1400, 1500):
+        factor = min(1.0, 0.4 * max(0.0, (1400 - iteration) / 600))
         np.testing.assert_allclose(
             float(schedule(iteration)), factor * float(plain(iteration)), rtol=1e-5, atol=1e-12
         )
-    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    config = json.loads(json.dumps(keras.saving.serialize_keras_object(schedule)))
+    revived = keras.saving.deserialize_keras_object(config)  # a list, read back from JSON
     assert revived.cooldown_from == schedule.cooldown_from
     np.testing.assert_allclose(float(revived(1100)), float(schedule(1100)), rtol=1e-6)
     # A plain plan again drops the re-planned fall.
@@ -103,8 +107,16 @@ def test_a_replanned_cooldown_falls_on_from_where_it_is():
 def test_variables_are_the_state_it_reads():
     assert TransformerSchedule(64).variables == []
     schedule = TransformerSchedule(64, warmup_steps=100, total_steps=1000, cooldown=0.5)
-    total_steps, _, _ = schedule.variables
-    # A stateless step that maps the variable sees the mapped run length.
+    total_steps, from_step, from_multiplier = schedule.variables
+    # A stateless step that maps the variables sees the mapped run length and fall.
     with keras.StatelessScope(state_mapping=[(total_steps, keras.ops.convert_to_tensor(750.0))]):
         assert float(schedule(750)) == 0.0
     assert float(schedule(750)) > 0.0
+    plain = TransformerSchedule(64, warmup_steps=100)
+    mapping = [(from_step, 600.0), (from_multiplier, 0.25)]
+    with keras.StatelessScope(
+        state_mapping=[(v, keras.ops.convert_to_tensor(x)) for v, x in mapping]
+    ):
+        # From (600, 0.25) down to 0 at 1,000: 0.125 at 800.
+        np.testing.assert_allclose(float(schedule(800)), 0.125 * float(plain(800)), rtol=1e-5)
+    assert schedule.cooldown_from is None

@@ -9,7 +9,8 @@ averages each micro-batch's own token mean, where a step here divides the
 loss summed over every micro-batch by their total token count; a run that
 `BackupAndRestore` resumes starts its input stream anew, where the loop
 reads on from the batch the interrupted run stopped at; and the variables a
-learning-rate schedule reads (the time budget's `total_steps`) would be
+learning-rate schedule reads (the time budget's `total_steps` and
+`cooldown_from`) would be
 constants of the compiled step, fixed when it was traced.
 
 Data parallelism: build the model and the trainer under a

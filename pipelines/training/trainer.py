@@ -213,10 +213,12 @@ class TimeBudget(keras.callbacks.Callback):
     them, mid-epoch if need be (that epoch is
     validated and checkpointed as it ends). It sets the schedule's
     `total_steps`, so a cooldown ends at the end of the budget, and stops
-    training when the plan is done. Once the cooldown has begun a new plan
-    keeps the rate where it is and moves the end of its fall: steps that
-    speed up late lengthen the fall, so the budget is spent, and steps that
-    slow down steepen it (the rate never rises again and still ends at 0).
+    training when the plan is done. Before the cooldown begins a new plan
+    moves the cooldown with it (a plan that shrinks lowers the rate at once).
+    Once the rate has begun to fall, a new plan keeps it where it is and
+    moves the end of its fall: steps that speed up late lengthen the fall,
+    so the budget is spent, and steps that slow down steepen it (the rate
+    never rises again and still ends at 0).
     A step that ends past the training
     time (`minutes - reserve_minutes`) ends the plan there, mid-epoch, so a
     sudden slowdown costs at most one step and the epoch's validation. The
@@ -266,10 +268,10 @@ class TimeBudget(keras.callbacks.Callback):
         return optimizer_steps(self.model.optimizer)
 
     def _cooling(self):
-        if self.schedule is not None and self.schedule.cooldown_from is not None:
-            return True  # a plan revised mid-cooldown, which may now end later
-        cooldown = self.schedule.cooldown if self.schedule is not None else 0.0
-        return self.total_steps is not None and self._step() >= (1 - cooldown) * self.total_steps
+        """Whether the rate has begun its fall (or a re-planned fall is set)."""
+        if self.schedule is None or self.schedule.cooldown_from is not None:
+            return self.schedule is not None
+        return self.schedule.multiplier(self._step()) < 1.0
 
     def on_train_begin(self, logs=None):
         if self.started is None:

@@ -171,6 +171,15 @@ def cooled_trainer():
     return Trainer(model, optimizer, strategy), schedule
 
 
+def planned_run(step_seconds, tmp_path, minutes=3.0):
+    """`(clock, trainer, schedule, plan, budget)`: a cooled run under a budget kept in `plan`."""
+    clock = FakeClock(step_seconds)
+    trainer, schedule = cooled_trainer()
+    plan = tmp_path / "budget.json"
+    budget = TimeBudget(minutes, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
+    return clock, trainer, schedule, plan, budget
+
+
 def fit_by_the_clock(trainer, budget, on_batch_end, steps_per_epoch):
     """Fits `trainer` on one repeated batch under `budget`; `on_batch_end` moves the clock."""
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
@@ -254,11 +263,8 @@ def test_steps_that_speed_up_in_the_cooldown_lengthen_its_fall(tmp_path):
     # 3 minutes, steps of 10 s: 18 steps fit, the cooldown starts at step 9.
     # From step 12 on steps take 5 s: the plan grows to spend the budget, and
     # the rate falls on from where it is instead of rising again.
-    clock = FakeClock(step_seconds=10.0)
-    trainer, schedule = cooled_trainer()
+    clock, trainer, schedule, plan, budget = planned_run(10.0, tmp_path)
     optimizer = trainer.optimizer
-    plan = tmp_path / "budget.json"
-    budget = TimeBudget(3.0, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
     rates = []
 
     def speed_up(batch, logs):
@@ -285,14 +291,27 @@ def test_steps_that_speed_up_in_the_cooldown_lengthen_its_fall(tmp_path):
         np.testing.assert_allclose(float(schedule(i)), float(paper(i)) * factor, rtol=1e-5)
 
 
+def test_a_resumed_plan_keeps_its_replanned_fall(tmp_path):
+    # The plan was re-planned at step 20 (multiplier 0.5, end 40); the run
+    # resumes from a backup at step 15, before the re-plan.
+    _, trainer, schedule, plan, budget = planned_run(6.0, tmp_path)
+    saved = {"total_steps": 40, "step_seconds": 6.0, "cooldown_from": [20, 0.5]}
+    plan.write_text(json.dumps(saved))
+    trainer.optimizer.iterations.assign(15)
+    budget.set_model(trainer.model)
+    budget.on_train_begin()
+    assert budget.resumed and budget.total_steps == schedule.total_steps == 40
+    assert schedule.cooldown_from == (20, 0.5)
+    multipliers = np.array([schedule.multiplier(i) for i in range(15, 41)])
+    # The line from (20, 0.5) to (40, 0), also before 20: no rise, no jump.
+    np.testing.assert_allclose(multipliers, 0.5 * (40 - np.arange(15, 41)) / 20, rtol=1e-6)
+
+
 def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):
     # 3 minutes; steps take 6 s, then 30 s from the 11th on, inside an epoch
     # of 8 steps, before the plan can be revised at its end.
-    clock = FakeClock(step_seconds=6.0)
-    trainer, schedule = cooled_trainer()
+    clock, trainer, schedule, plan, budget = planned_run(6.0, tmp_path)
     optimizer = trainer.optimizer
-    plan = tmp_path / "budget.json"
-    budget = TimeBudget(3.0, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
 
     def slow_down(batch, logs):
         clock.tick()

@@ -335,8 +335,11 @@ class TimeBudget(keras.callbacks.Callback):
         if self.max_steps:
             planned = min(planned, self.max_steps)
         fixed = self.resumed  # the plan may only shrink
-        if planned != self.total_steps and (
-            self.total_steps is None or not fixed or planned < self.total_steps
+        done = self.total_steps is not None and step >= self.total_steps  # stopping already
+        if (
+            not done
+            and planned != self.total_steps
+            and (self.total_steps is None or not fixed or planned < self.total_steps)
         ):
             logger.info(
                 "Time budget: %d steps in all (%d more; %.3f s a step, %.1f minutes left)",

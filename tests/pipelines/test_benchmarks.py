@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import (
     beam_stop_rule,
+    common,
     cpu_training_step,
     decoding,
     decoding_profile,
@@ -29,7 +30,7 @@ from tests.pipelines.conftest import tiny_translation_model
 def read(path):
     with open(path, encoding="utf-8") as handle:
         result = json.load(handle)
-    assert result["machine"]["cpus"] >= 1 and result["machine"]["date"]
+    assert result["machine"]["cpus"] >= 1 and result["machine"]["date"] and result["machine"]["cpu"]
     return result
 
 
@@ -175,6 +176,20 @@ def test_profile_kinds_name_the_ops_that_matter():
     assert decoding_profile.kind_of("GatherV2") == "copies and layout"
     assert decoding_profile.kind_of("TopKV2") == "top-k and argmax"
     assert decoding_profile.kind_of("AddV2") == "element-wise"
+
+
+def test_results_name_the_cpu_and_its_vector_extensions(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    processor = (
+        "processor\t: {0}\nmodel name\t: AMD EPYC 9R14\n"
+        "flags\t\t: fpu sse2 avx2 avx512f avx512_vnni fma\n\n"
+    )
+    cpuinfo.write_text(processor.format(0) + processor.format(1))
+    assert common.cpu_model(str(cpuinfo)) == ("AMD EPYC 9R14", ["AVX2", "AVX-512", "AVX-512 VNNI"])
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Old CPU\nflags\t\t: sse2 avx\n")
+    assert common.cpu_model(str(cpuinfo)) == ("Old CPU", [])
+    name, extensions = common.cpu_model(str(tmp_path / "missing"))
+    assert name and extensions == []
 
 
 def test_beam_stop_rule_smoke(tiny_run, tmp_path):

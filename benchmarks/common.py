@@ -19,7 +19,7 @@ def cpu_model(cpuinfo="/proc/cpuinfo"):
     """`(model name, vector extensions)` of the CPU, from Linux's `cpuinfo`.
 
     Time-budgeted recipes train as many updates as the machine allows (the
-    same recipe ran 0.35 s a step on one 2-core machine and 0.67 s on
+    same recipe ran 0.34 s a step on one 2-core machine and 0.67 s on
     another), so every result names the CPU. Falls back to `platform` where
     the file is missing; the standard library has no portable way to read
     the model name or the instruction sets.

@@ -150,6 +150,7 @@ class OutputConfig:
     backup_every: int = setting(100, "steps between resumable backups", low=1)
     early_stopping_patience: int | None = setting(None, "epochs without a better val_loss", low=1)
     average_last: int = setting(1, "epoch checkpoints averaged into model.keras", low=1)
+    average_share: float = setting(0.0, "or this share of them, if more", low=0.0, high=1.0)
 
 
 @dataclasses.dataclass

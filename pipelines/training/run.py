@@ -4,6 +4,7 @@ import functools
 import glob
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -398,14 +399,32 @@ def run_training(config):
     return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds)
 
 
+def checkpoints_to_average(checkpoints, output):
+    """The newest epoch checkpoints that `model.keras` averages (section 6.1).
+
+    `average_last` of them, or `average_share` of all of them (rounded up) if
+    that is more: a time-budgeted run trains as many epochs as the machine
+    allows, and a share averages the same part of the run on any machine.
+
+    Args:
+        checkpoints: list of str, the run's epoch checkpoints, oldest first.
+        output: the config's `OutputConfig`.
+
+    Returns:
+        list of str, the newest of `checkpoints`, oldest first.
+    """
+    count = max(output.average_last, math.ceil(output.average_share * len(checkpoints)))
+    return checkpoints[-count:] if checkpoints else []
+
+
 def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):
     model = trainer.model
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     tok = tokenizer.load_tokenizer(spm_path)
     checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
     model_path = os.path.join(out_dir, "model.keras")
-    if config.output.average_last > 1 and len(checkpoints) > 1:
-        chosen = checkpoints[-config.output.average_last :]
+    chosen = checkpoints_to_average(checkpoints, config.output)
+    if len(chosen) > 1:
         logger.info("Averaging %d checkpoints", len(chosen))
         model = average_checkpoints(chosen, model_path)
     else:

@@ -125,3 +125,23 @@ def test_repair_backup_clears_a_backup_with_no_complete_copy(tmp_path):
     (tmp_path / "training_metadata.json").write_text('{"epoch": ')
     assert repair_backup(str(tmp_path)) == "cleared"
     assert os.listdir(tmp_path) == []
+
+
+def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
+    from pipelines.training.config import OutputConfig
+    from pipelines.training.run import checkpoints_to_average
+
+    paths = [f"epoch-{epoch:03d}.keras" for epoch in range(1, 43)]
+
+    def chosen(count=42, **settings):
+        return checkpoints_to_average(paths[:count], OutputConfig(**settings))
+
+    assert chosen() == ["epoch-042.keras"]
+    assert chosen(average_last=5) == paths[37:]
+    assert chosen(average_last=5, average_share=0.5) == paths[21:]  # 21 of 42
+    assert chosen(22, average_last=5, average_share=0.5) == paths[11:22]  # a slower machine
+    assert chosen(43 - 38, average_last=5, average_share=0.5) == paths[:5]  # 3 < 5
+    assert chosen(average_last=5, average_share=0.01) == paths[37:]
+    assert chosen(average_share=0.49) == paths[21:]  # 20.58 rounds up
+    assert chosen(average_share=1.0) == chosen(average_last=99) == paths
+    assert checkpoints_to_average([], OutputConfig(average_share=0.5)) == []

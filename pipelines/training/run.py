@@ -413,7 +413,8 @@ def checkpoints_to_average(checkpoints, output):
     Returns:
         list of str, the newest of `checkpoints`, oldest first.
     """
-    count = max(output.average_last, math.ceil(output.average_share * len(checkpoints)))
+    share = round(output.average_share * len(checkpoints), 6)  # 0.28 * 25 is 7.000000000000001
+    count = max(output.average_last, math.ceil(share))
     return checkpoints[-count:] if checkpoints else []
 
 

@@ -143,5 +143,6 @@ def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
     assert chosen(43 - 38, average_last=5, average_share=0.5) == paths[:5]  # 3 < 5
     assert chosen(average_last=5, average_share=0.01) == paths[37:]
     assert chosen(average_share=0.49) == paths[21:]  # 20.58 rounds up
+    assert chosen(25, average_share=0.28) == paths[18:25]  # 7, though 0.28 * 25 > 7
     assert chosen(average_share=1.0) == chosen(average_last=99) == paths
     assert checkpoints_to_average([], OutputConfig(average_share=0.5)) == []

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 import zipfile
 
@@ -82,6 +83,25 @@ def average_checkpoints(paths, output_path):
     with atomic_output(output_path, suffix=".keras") as staging:
         averaged.save(staging)
     return averaged
+
+
+def checkpoints_to_average(checkpoints, output):
+    """The newest epoch checkpoints that `model.keras` averages (section 6.1).
+
+    `average_last` of them, or `average_share` of all of them (rounded up) if
+    that is more: a time-budgeted run trains as many epochs as the machine
+    allows, and a share averages the same part of the run on any machine.
+
+    Args:
+        checkpoints: list of str, the run's epoch checkpoints, oldest first.
+        output: a training config's `OutputConfig` (`average_last`, `average_share`).
+
+    Returns:
+        list of str, the newest of `checkpoints`, oldest first.
+    """
+    share = round(output.average_share * len(checkpoints), 6)  # 0.28 * 25 is 7.000000000000001
+    count = max(output.average_last, math.ceil(share))
+    return checkpoints[-count:]
 
 
 def _readable(path, check):

@@ -4,7 +4,6 @@ import functools
 import glob
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -26,7 +25,11 @@ from pipelines.parsing.corpus import (
     treebank_pairs,
     vocabulary_tags,
 )
-from pipelines.training.checkpoints import average_checkpoints, repair_backup
+from pipelines.training.checkpoints import (
+    average_checkpoints,
+    checkpoints_to_average,
+    repair_backup,
+)
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -397,25 +400,6 @@ def run_training(config):
     )
     seconds = {"started": started, "trained": time.perf_counter() - started}
     return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds)
-
-
-def checkpoints_to_average(checkpoints, output):
-    """The newest epoch checkpoints that `model.keras` averages (section 6.1).
-
-    `average_last` of them, or `average_share` of all of them (rounded up) if
-    that is more: a time-budgeted run trains as many epochs as the machine
-    allows, and a share averages the same part of the run on any machine.
-
-    Args:
-        checkpoints: list of str, the run's epoch checkpoints, oldest first.
-        output: the config's `OutputConfig`.
-
-    Returns:
-        list of str, the newest of `checkpoints`, oldest first.
-    """
-    share = round(output.average_share * len(checkpoints), 6)  # 0.28 * 25 is 7.000000000000001
-    count = max(output.average_last, math.ceil(share))
-    return checkpoints[-count:] if checkpoints else []
 
 
 def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):

@@ -8,7 +8,7 @@ import pytest
 
 import keras_transformer as kt
 from pipelines.errors import CheckpointError
-from pipelines.training.checkpoints import average_checkpoints
+from pipelines.training.checkpoints import average_checkpoints, checkpoints_to_average
 
 
 def saved_model(path, seed, **kwargs):
@@ -128,8 +128,7 @@ def test_repair_backup_clears_a_backup_with_no_complete_copy(tmp_path):
 
 
 def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
-    from pipelines.training.config import OutputConfig
-    from pipelines.training.run import checkpoints_to_average
+    from pipelines.training.config import OutputConfig, load_config
 
     paths = [f"epoch-{epoch:03d}.keras" for epoch in range(1, 43)]
 
@@ -140,9 +139,14 @@ def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
     assert chosen(average_last=5) == paths[37:]
     assert chosen(average_last=5, average_share=0.5) == paths[21:]  # 21 of 42
     assert chosen(22, average_last=5, average_share=0.5) == paths[11:22]  # a slower machine
-    assert chosen(43 - 38, average_last=5, average_share=0.5) == paths[:5]  # 3 < 5
+    assert chosen(5, average_last=5, average_share=0.5) == paths[:5]  # 3 < 5
     assert chosen(average_last=5, average_share=0.01) == paths[37:]
     assert chosen(average_share=0.49) == paths[21:]  # 20.58 rounds up
     assert chosen(25, average_share=0.28) == paths[18:25]  # 7, though 0.28 * 25 > 7
     assert chosen(average_share=1.0) == chosen(average_last=99) == paths
     assert checkpoints_to_average([], OutputConfig(average_share=0.5)) == []
+    # The ptb recipe averages its last half; docs/training.md's flags keep its last weights.
+    ptb = {"treebank_dir": "t"}
+    assert checkpoints_to_average(paths, load_config("ptb", settings=ptb).output) == paths[21:]
+    last = {**ptb, "output.average_share": "0", "average_last": "1"}
+    assert checkpoints_to_average(paths, load_config("ptb", settings=last).output) == paths[-1:]

@@ -474,27 +474,3 @@ def load_config(recipe="default", config_file=None, settings=None):
             raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
         config = _apply(config, flatten(values, config_file), config_file)
     return validate(_apply(config, flatten(settings or {}, "--set"), "--set"))
-
-
-def settings_markdown():
-    """A Markdown table of every setting: name, type, default, limits, help (docs/training.md)."""
-    rows = ["| setting | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for item in SETTINGS.values():
-        base, optional, member = base_type(item.type)
-        kind = f"list of {member.__name__}" if base is list else base.__name__
-        kind += " or null" if optional else ""
-        limits = item.limits
-        allowed = []
-        if "choices" in limits:
-            allowed.append(" / ".join(f"`{c}`" for c in limits["choices"]))
-        for key, words in (("low", ">="), ("above", ">"), ("high", "<="), ("below", "<")):
-            if key in limits:
-                allowed.append(f"{words} {limits[key]}")
-        if "nargs" in limits:
-            allowed.append(f"{limits['nargs']} values")
-        default = json.dumps(item.default)
-        rows.append(
-            f"| `{item.group}.{item.name}` | {kind} | `{default}` | {', '.join(allowed)} | "
-            f"{item.help} |"
-        )
-    return "\n".join(rows) + "\n"

@@ -223,7 +223,11 @@ class TimeBudget(keras.callbacks.Callback):
     time (`minutes - reserve_minutes`) ends the plan there, mid-epoch, so a
     sudden slowdown costs at most one step and the epoch's validation. The
     plan is written to `plan_path`; a resumed run keeps it (shrinking it only
-    if its own budget runs out first).
+    if its own budget runs out first). As training ends, the plan also
+    records its clock (seconds since `started`, in this process) at the end
+    of the last epoch, its validation and checkpoint included
+    (`trained_seconds`; also the attribute of that name): the time the
+    budget governs, apart from what callbacks and the process do after.
 
     Args:
         minutes: float, the budget, counted from `started`.
@@ -262,6 +266,7 @@ class TimeBudget(keras.callbacks.Callback):
         self.resumed = False
         self.clock = clock
         self.progbar = progbar
+        self.trained_seconds = None
         self._durations = []
 
     def _step(self):
@@ -325,6 +330,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         now = self.clock()
+        self.trained_seconds = now - self.started
         step = self._step()
         self._durations.append((now - self._last) / max(step - self._epoch_first_step, 1))
         self._last = now
@@ -356,6 +362,12 @@ class TimeBudget(keras.callbacks.Callback):
             )
             self.stopped_epoch = epoch
             self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.trained_seconds is not None and self.plan_path and os.path.exists(self.plan_path):
+            with open(self.plan_path, encoding="utf-8") as handle:
+                plan = json.load(handle)
+            write_json(self.plan_path, {**plan, "trained_seconds": round(self.trained_seconds, 1)})
 
 
 def budget_clock(strategy, started, clock=time.perf_counter):

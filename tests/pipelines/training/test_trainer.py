@@ -214,6 +214,8 @@ def test_time_budget_sets_the_run_length_and_the_cooldown_ends_with_it(tmp_path)
     assert progbar.epochs == 7  # the progress bar counts the planned epochs, not 250
     assert clock.now - 1000.0 <= (3.0 - 0.5) * 60
     assert json.loads(plan.read_text())["total_steps"] == 25
+    # The plan also keeps the time training took by the budget's clock: 25 steps of 6 s.
+    assert budget.trained_seconds == 150.0 == json.loads(plan.read_text())["trained_seconds"]
     # The schedule reaches its final value, 0, at the end of the budget; the
     # rate logged after update i is the rate of update i + 1: eq. (3) times
     # (25 - i - 1) / 12.5 over the last half.

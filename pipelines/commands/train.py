@@ -12,7 +12,8 @@ Examples:
 
 Every setting is a flag (`--batch-tokens 2048`) and can be set with
 `--set NAME=VALUE` or `--set GROUP.NAME=VALUE` (a JSON value). Outputs under
-`--output-dir`: config.json, sentencepiece.model, checkpoints/ (one `.keras`
+`--output-dir`: config.json, sentencepiece.model (and sentencepiece.tags, a
+parser's tags, with `whole_source_words`), checkpoints/ (one `.keras`
 per epoch), backup/ (rerunning the same command after a crash resumes),
 logs/ (TensorBoard), model.keras, result.json. Under
 MultiWorkerMirroredStrategy (TF_CONFIG with several workers) worker 0

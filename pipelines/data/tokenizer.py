@@ -6,6 +6,7 @@ tf.data and inside the exported SavedModel with tensorflow-text's
 `SentencepieceTokenizer`, from the same model file.
 """
 
+import collections
 import io
 import os
 
@@ -48,7 +49,7 @@ def train_sentencepiece(
         seed: int, sampling seed.
         whole_tokens: iterable of str, tokens kept as one piece each where
             they stand as a word (a closed target vocabulary such as a
-            linearised tree's `(NP`, `)NP`, `XX`).
+            linearised tree's `(NP`, `)NP`, `XX`; `frequent_words`).
 
     Returns:
         str, `model_path`.
@@ -80,6 +81,26 @@ def train_sentencepiece(
     with open(model_path, "wb") as handle:
         handle.write(buffer.getvalue())
     return model_path
+
+
+def frequent_words(sentences, count):
+    """The `count` most frequent space-separated words of `sentences`.
+
+    Kept whole by `train_sentencepiece(whole_tokens=...)`, they make a
+    word-level vocabulary of the most frequent words, with subword pieces
+    for the rest.
+
+    Args:
+        sentences: iterable of str.
+        count: int, words wanted (0: none).
+
+    Returns:
+        list of str, most frequent first, ties in order of first appearance.
+    """
+    if count <= 0:
+        return []
+    counts = collections.Counter(word for sentence in sentences for word in sentence.split())
+    return [word for word, _ in counts.most_common(count)]
 
 
 def load_tokenizer(model_path):

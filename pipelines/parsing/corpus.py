@@ -5,6 +5,8 @@ and export exactly as translation pairs do; `parse_lines` turns the model's
 linearised output back into bracketed trees over the input words.
 """
 
+import os
+
 from pipelines.errors import DataError
 from pipelines.parsing import evalb, trees
 
@@ -55,21 +57,33 @@ def target_tokens(pairs, words=False):
 
 
 def vocabulary_tags(sentencepiece_path):
-    """The word tokens (tags or `XX`) a parser's vocabulary keeps whole, or None.
+    """The word tokens (tags or `XX`) a parser writes, or None if its vocabulary does not say.
 
     A vocabulary trained with `whole_target_tokens` holds each target token as
     a user-defined piece (`▁(NP`, `▁NN`); the tokens that are not brackets are
-    the tags the model writes for words.
+    the tags the model writes for words. A parser's vocabulary that also keeps
+    source words whole (`whole_source_words`) lists its tags in a file beside
+    it (`tags_path`), which is read instead.
 
     Args:
         sentencepiece_path: str, a `.model` file (an export's
             `assets/sentencepiece.model`).
 
     Returns:
-        set of str, or None when the vocabulary keeps no token whole.
+        set of str, or None when the vocabulary keeps no token whole and
+        lists no tags.
     """
+    listed = tags_path(sentencepiece_path)
+    if os.path.exists(listed):
+        with open(listed, encoding="utf-8") as handle:
+            return set(handle.read().split()) or None
     _, whole = _vocabulary(sentencepiece_path)
     return trees.word_tags(whole) or None
+
+
+def tags_path(sentencepiece_path):
+    """The file listing a parser vocabulary's tags, beside it (`x.model` -> `x.tags`)."""
+    return os.path.splitext(sentencepiece_path)[0] + ".tags"
 
 
 def _vocabulary(sentencepiece_path):
@@ -97,9 +111,10 @@ def _vocabulary(sentencepiece_path):
 def bracket_constraint(sentencepiece_path, eos_id, copy_words=False):
     """The search constraint for a parser trained with `whole_target_tokens`.
 
-    Brackets (`▁(NP`, `▁)NP`) and tags are the vocabulary's user-defined
-    pieces; every piece that begins with the word mark begins a source word,
-    so a source's words are counted from its pieces.
+    Brackets (`▁(NP`, `▁)NP`) and tags (`vocabulary_tags`) are the
+    vocabulary's user-defined pieces; every piece that begins with the word
+    mark begins a source word, so a source's words are counted from its
+    pieces.
 
     Args:
         sentencepiece_path: str, the run's (or the export's) `.model` file.
@@ -121,7 +136,7 @@ def bracket_constraint(sentencepiece_path, eos_id, copy_words=False):
         for token, i in whole.items()
         if token.startswith("(") and ")" + token[1:] in whole
     }
-    leaves = [whole[token] for token in trees.word_tags(whole)]
+    leaves = [whole[token] for token in vocabulary_tags(sentencepiece_path) or () if token in whole]
     if not brackets or not leaves:
         raise DataError(
             f"{sentencepiece_path} keeps no brackets or tags whole: was the parser trained "
@@ -147,7 +162,7 @@ def parse_lines(linearised, sentences, tags=None, with_words=False):
         linearised: list of str, one output a sentence.
         sentences: list of str, the inputs, words separated by spaces.
         tags: set of str or None, the word tokens the model was trained on
-            (`trees.word_tags`); any other word token is repaired to `XX`.
+            (`vocabulary_tags`); any other word token is repaired to `XX`.
         with_words: bool, the outputs write each word before its tag.
 
     Returns:

@@ -94,7 +94,9 @@ class Translator(tf.Module):
             source pieces (end of sentence included).
         tree_constraint: bool, a parser's searches write only well-formed
             trees over the input's words (`BracketConstraint`, built from the
-            vocabulary's brackets and tags); sampling stays free.
+            vocabulary's brackets and tags); sampling stays free. A parser
+            vocabulary's list of tags (`corpus.tags_path`, kept when it
+            also holds whole source words) ships beside it in assets/.
         tree_words: bool, the parser writes each word before its tag
             (`data.treebank_words`): the constrained searches copy the words
             from the source, and `kt parse` reads them back.
@@ -123,6 +125,7 @@ class Translator(tf.Module):
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
         self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
+        self.parser_tags = _tags_asset(sentencepiece_path)  # beside it, for `kt parse`
         with open(sentencepiece_path, "rb") as handle:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
 
@@ -135,7 +138,6 @@ class Translator(tf.Module):
             extra_length=extra_length,
             constraint=constraint,
         )
-
         sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
 
         @tf.function(input_signature=[sentences_spec])
@@ -201,6 +203,14 @@ def _constraint(sentencepiece_path, eos_id, tree_constraint, copy_words):
     from pipelines.parsing.corpus import bracket_constraint
 
     return bracket_constraint(sentencepiece_path, eos_id, copy_words)
+
+
+def _tags_asset(sentencepiece_path):
+    """The file listing a parser vocabulary's tags as an asset, or None if it has none."""
+    from pipelines.parsing.corpus import tags_path
+
+    path = tags_path(sentencepiece_path)
+    return tf.saved_model.Asset(path) if os.path.exists(path) else None
 
 
 def _captured_variables(functions):

@@ -88,6 +88,9 @@ class BatchingConfig:
     whole_target_tokens: bool = setting(
         False, "each distinct space-separated target token is one piece (closed vocabularies)"
     )
+    whole_source_words: int = setting(
+        0, "the N most frequent training source words are one piece each (0: none)", low=0
+    )
 
 
 @dataclasses.dataclass
@@ -351,6 +354,13 @@ def validate(config):
         raise ConfigError(
             "tree_constraint needs whole_target_tokens: the constraint reads the brackets and "
             "tags from the vocabulary's whole pieces"
+        )
+    batching = config.batching
+    if batching.whole_source_words > batching.vocabulary_size * 3 // 4:
+        raise ConfigError(
+            "whole_source_words must be at most three quarters of vocabulary_size "
+            f"({batching.vocabulary_size}). Received: whole_source_words="
+            f"{batching.whole_source_words}"
         )
     arguments = config.model_arguments(config.batching.vocabulary_size)
     missing = [name for name in MODEL_SIZES if name not in arguments]

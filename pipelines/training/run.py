@@ -21,6 +21,7 @@ from pipelines.parsing import trees
 from pipelines.parsing.corpus import (
     bracket_constraint,
     parse_scores,
+    tags_path,
     target_tokens,
     treebank_pairs,
     vocabulary_tags,
@@ -118,28 +119,62 @@ def _sentences(pairs, limit=1_000_000):
 
 def _tree_words(config):
     """Whether the run's targets are trees that write each word before its tag."""
-    return config.data.corpus == "ptb" and config.data.treebank_words
+    return _parser(config) and config.data.treebank_words
 
 
-def _whole_tokens(config, pairs):
-    """The target tokens kept whole by the vocabulary (`whole_target_tokens`), else none.
+def _train_vocabulary(config, pairs, spm_path):
+    """Trains the run's SentencePiece vocabulary on `pairs`, writing `spm_path`.
+
+    It keeps whole each distinct target token (`whole_target_tokens`) and the
+    `whole_source_words` most frequent source words. A parser's vocabulary
+    that keeps source words whole lists its tags beside it (`tags_path`),
+    written first: the vocabulary's file marks the step done for a resumed
+    run.
 
     Raises:
-        DataError: they would fill the vocabulary.
+        DataError: the tokens kept whole would fill the vocabulary.
     """
-    if not config.batching.whole_target_tokens:
-        return []
+    batching = config.batching
+    sample = pairs
     if isinstance(pairs, tf.data.Dataset):
-        pairs = list(_sentences(pairs, limit=100_000))
-        pairs = list(zip(pairs[::2], pairs[1::2], strict=True))
-    tokens = target_tokens(pairs, _tree_words(config))
-    if len(tokens) >= config.batching.vocabulary_size // 2:
+        sample = list(_sentences(pairs, limit=100_000))
+        sample = list(zip(sample[::2], sample[1::2], strict=True))
+    tokens = []
+    if batching.whole_target_tokens or (batching.whole_source_words and _parser(config)):
+        tokens = target_tokens(sample, _tree_words(config))
+    if batching.whole_target_tokens and len(tokens) >= batching.vocabulary_size // 2:
         raise DataError(
             f"whole_target_tokens: the targets have {len(tokens)} distinct tokens, too many for "
-            f"vocabulary_size {config.batching.vocabulary_size} (at most half of it); "
+            f"vocabulary_size {batching.vocabulary_size} (at most half of it); "
             "it is meant for closed target vocabularies such as linearised trees"
         )
-    return tokens
+    words = tokenizer.frequent_words((s for s, _ in sample), batching.whole_source_words)
+    whole = sorted(set(tokens if batching.whole_target_tokens else []).union(words))
+    if len(whole) > batching.vocabulary_size * 3 // 4:
+        raise DataError(
+            f"whole_source_words: {len(whole)} tokens kept whole, too many for vocabulary_size "
+            f"{batching.vocabulary_size} (at most three quarters of it, so that other words "
+            f"still have pieces). Received: whole_source_words={batching.whole_source_words}"
+        )
+    listed = tags_path(spm_path)
+    if words and _parser(config):  # the tags are told apart from the source words kept whole
+        with atomic_text(listed) as handle:
+            handle.writelines(f"{tag}\n" for tag in sorted(trees.word_tags(tokens)))
+    elif os.path.exists(listed):  # left by an earlier attempt with other settings
+        os.remove(listed)
+    logger.info("Training a %d-piece SentencePiece vocabulary", batching.vocabulary_size)
+    tokenizer.train_sentencepiece(
+        _sentences(pairs),
+        spm_path,
+        batching.vocabulary_size,
+        seed=config.optimization.seed,
+        whole_tokens=whole,
+    )
+
+
+def _parser(config):
+    """Whether the run trains a parser (targets are linearised trees)."""
+    return config.data.corpus == "ptb"
 
 
 def _callbacks(config, out_dir, is_chief, clock, schedule):
@@ -367,14 +402,7 @@ def run_training(config):
     train_pairs, validation_pairs, test_pairs = load_pairs(config)
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
-        logger.info("Training a %d-piece SentencePiece vocabulary", config.batching.vocabulary_size)
-        tokenizer.train_sentencepiece(
-            _sentences(train_pairs),
-            spm_path,
-            config.batching.vocabulary_size,
-            seed=config.optimization.seed,
-            whole_tokens=_whole_tokens(config, train_pairs),
-        )
+        _train_vocabulary(config, train_pairs, spm_path)
     tok = tokenizer.load_tokenizer(spm_path)
     data_dir = os.path.join(out_dir, "data")
     train = _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"), spm_path)
@@ -444,7 +472,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
             extra_length=config.decoding.extra_length,
             constraint=constraint,
         )
-        if config.data.corpus == "ptb":  # parses: labelled F1 against the gold trees
+        if _parser(config):  # parses: labelled F1 against the gold trees
             split = "test" if test_pairs is not None else "dev"
             _, gold = treebank_pairs(config.data.treebank_dir, split)
             # The tags the vocabulary keeps whole, as `kt parse` reads them from an export.

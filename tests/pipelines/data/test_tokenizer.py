@@ -3,7 +3,12 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from pipelines.data.default_corpus import generate_pairs
-from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece, vocabulary_size
+from pipelines.data.tokenizer import (
+    frequent_words,
+    load_tokenizer,
+    train_sentencepiece,
+    vocabulary_size,
+)
 from pipelines.errors import DataError
 
 
@@ -70,3 +75,28 @@ def test_whole_tokens_are_one_piece_each_and_words_stay_subwords(model_path, tmp
     assert len(plain.encode(targets[0])) > 2 * len(targets[0].split())
     # Sentences are still cut into subwords.
     assert len(processor.encode(pairs[0][0])) > len(pairs[0][0].split())
+
+
+def test_frequent_words_most_frequent_first_ties_in_order_of_appearance(tmp_path):
+    sentences = ["b a c a", "d c a e", "b"]
+    assert frequent_words(sentences, 3) == ["a", "b", "c"]  # a 3; b, c 2 (b first)
+    assert frequent_words(sentences, 10) == ["a", "b", "c", "d", "e"]
+    assert frequent_words(sentences, 0) == []
+    # Kept whole, the frequent words are one piece each and the others still subwords.
+    pairs = generate_pairs(3000, seed=0)
+    corpus = [s for pair in pairs for s in pair]
+    words = frequent_words(corpus, 60)
+    path = train_sentencepiece(
+        corpus, str(tmp_path / "words.model"), vocabulary_size=250, whole_tokens=words
+    )
+    processor = spm.SentencePieceProcessor(model_file=path)
+    assert all(processor.encode(word, out_type=str) == ["▁" + word] for word in words)
+    counts = {}
+    for sentence in corpus:
+        for word in sentence.split():
+            counts[word] = counts.get(word, 0) + 1
+    others = [w for w in counts if w not in words and len(w) > 3]
+    assert others and sum(len(processor.encode(w)) > 1 for w in others) > len(others) / 2
+    # SentencePiece matches kept words as prefixes: a word that begins with one is cut after it.
+    kept = max(words, key=len)
+    assert processor.encode(kept + "qz", out_type=str)[0] == "▁" + kept

@@ -1,5 +1,6 @@
 """The `ptb` recipe end to end: train, export, `kt parse`, `kt parseval`."""
 
+import collections
 import json
 import os
 
@@ -7,6 +8,7 @@ import keras
 import pytest
 import sentencepiece
 import tensorflow as tf
+from sentencepiece import sentencepiece_model_pb2
 
 from pipelines.commands import export, parse, parseval, train
 from pipelines.commands import translate as translate_command
@@ -17,6 +19,9 @@ from pipelines.parsing.corpus import (
     bracket_constraint,
     parse_lines,
     parse_scores,
+    tags_path,
+    target_tokens,
+    treebank_pairs,
     vocabulary_tags,
 )
 from pipelines.parsing.evalb import read_bracketed, score_trees
@@ -212,3 +217,55 @@ def test_the_recipe_needs_its_treebank(tmp_path, capsys):
     empty.mkdir()
     assert train.main(["--recipe", "ptb", "--treebank-dir", str(empty), *out]) == 2
     assert "no wsj_NNNN.mrg files of the train split" in capsys.readouterr().err
+
+
+def test_whole_source_words_keep_the_parsers_tags_apart_from_the_words(tmp_path, capsys):
+    treebank = write_treebank(tmp_path / "treebank")
+    out, base = str(tmp_path / "run"), str(tmp_path / "saved")
+    steps = ["--steps", "2", "--steps-per-epoch", "2", "--beam-size", "1"]
+    argv = ["--recipe", "ptb", "--treebank-dir", treebank, "--output-dir", out, *TINY, *steps]
+    assert train.main([*argv, "--set", "batching.whole_source_words=6"]) == 0
+    spm_path = os.path.join(out, "sentencepiece.model")
+    processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+    sentences = [" ".join(tree.leaves()) for tree in read_trees(treebank, "train")]
+    counts = collections.Counter(word for sentence in sentences for word in sentence.split())
+    frequent = [word for word, _ in counts.most_common(6)]
+    assert all(processor.encode(word, out_type=str) == ["▁" + word] for word in frequent)
+    # The pieces kept whole are the trees' tokens and those words, no others.
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(open(spm_path, "rb").read())
+    defined = proto.SentencePiece.USER_DEFINED
+    kept = {piece.piece[1:] for piece in proto.pieces if piece.type == defined}
+    pairs, _ = treebank_pairs(treebank, "train", pos_tags=True, words=True)
+    assert kept == set(target_tokens(pairs, words=True)) | set(frequent)
+    assert len(kept) < len(set(target_tokens(pairs, words=True)) | set(counts))
+    # The tags are the trees' own, listed beside the vocabulary: not the words kept whole.
+    tags = {"DT", "NN", "VBZ", "IN", "."}
+    assert open(tags_path(spm_path)).read().split() == sorted(tags)
+    assert vocabulary_tags(spm_path) == tags and "." in frequent  # "." is both
+    with open(os.path.join(out, "result.json"), encoding="utf-8") as handle:
+        assert json.load(handle)["greedy_parse"]["repaired"] == 0
+    assert export.main(["--run-dir", out, "--base", base, "--name", "ptb"]) == 0
+    assets = os.path.join(base, "ptb", "1", "assets")
+    assert vocabulary_tags(os.path.join(assets, "sentencepiece.model")) == tags
+    words, output = tmp_path / "in.words", tmp_path / "out.trees"
+    words.write_text("the dog sees a cat .\n")
+    argv = ["--model", os.path.join(base, "ptb"), "--input", str(words), "--output", str(output)]
+    assert parse.main(argv) == 0
+    tree = read_bracketed(output.read_text())
+    assert tree.leaves() == "the dog sees a cat .".split()
+    assert {tag for _, tag in tree.pos()} <= tags
+    assert "0 of 1 outputs (0.00%) were repaired" in capsys.readouterr().err
+
+
+def test_source_words_and_tree_tokens_that_fill_the_vocabulary_are_refused(tmp_path, capsys):
+    treebank = write_treebank(tmp_path / "treebank")
+    out = tmp_path / "run"
+    argv = ["--recipe", "ptb", "--treebank-dir", treebank, "--output-dir", str(out), *TINY]
+    # 13 brackets and tags and 18 other words: more than three quarters of 40 pieces.
+    settings = ["--vocabulary-size", "40", "--set", "batching.whole_source_words=30"]
+    assert train.main([*argv, *settings]) == 2
+    error = capsys.readouterr().err
+    assert "whole_source_words: 31 tokens kept whole, too many for vocabulary_size 40" in error
+    assert not (out / "sentencepiece.model").exists() and not (out / "sentencepiece.tags").exists()
+    assert not (out / "checkpoints").exists()

@@ -190,6 +190,15 @@ def test_the_tree_constraint_needs_whole_target_tokens():
         validate(config)
 
 
+def test_whole_source_words_leave_a_quarter_of_the_vocabulary_to_other_pieces():
+    settings = {"treebank_dir": "t", "vocabulary_size": 4000, "whole_source_words": 3000}
+    assert load_config("ptb", settings=settings).batching.whole_source_words == 3000
+    with pytest.raises(ConfigError, match=r"at most three quarters of vocabulary_size \(4000\)"):
+        load_config("ptb", settings={**settings, "whole_source_words": 3001})
+    with pytest.raises(ConfigError, match="whole_source_words must be at least 0"):
+        load_config("ptb", settings={**settings, "whole_source_words": -1})
+
+
 def test_special_ids_come_from_the_tokenizer():
     ids = {"pad_id": 0, "bos_id": 2, "eos_id": 3}
     assert load_config().model_arguments(10, ids).items() >= ids.items()

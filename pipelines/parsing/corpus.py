@@ -73,12 +73,18 @@ def vocabulary_tags(sentencepiece_path):
         set of str, or None when the vocabulary keeps no token whole and
         lists no tags.
     """
+    _, whole = _vocabulary(sentencepiece_path)
+    return _tags(sentencepiece_path, whole) or None
+
+
+def _tags(sentencepiece_path, whole):
+    """The tags listed beside the vocabulary if it lists them, else those of `whole`
+    (its whole tokens, as `_vocabulary` reads them); a set of str."""
     listed = tags_path(sentencepiece_path)
     if os.path.exists(listed):
         with open(listed, encoding="utf-8") as handle:
-            return set(handle.read().split()) or None
-    _, whole = _vocabulary(sentencepiece_path)
-    return trees.word_tags(whole) or None
+            return set(handle.read().split())
+    return trees.word_tags(whole)
 
 
 def tags_path(sentencepiece_path):
@@ -136,7 +142,7 @@ def bracket_constraint(sentencepiece_path, eos_id, copy_words=False):
         for token, i in whole.items()
         if token.startswith("(") and ")" + token[1:] in whole
     }
-    leaves = [whole[token] for token in vocabulary_tags(sentencepiece_path) or () if token in whole]
+    leaves = [whole[token] for token in _tags(sentencepiece_path, whole) if token in whole]
     if not brackets or not leaves:
         raise DataError(
             f"{sentencepiece_path} keeps no brackets or tags whole: was the parser trained "

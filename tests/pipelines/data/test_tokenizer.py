@@ -1,3 +1,5 @@
+import collections
+
 import pytest
 import sentencepiece as spm
 import tensorflow as tf
@@ -91,10 +93,7 @@ def test_frequent_words_most_frequent_first_ties_in_order_of_appearance(tmp_path
     )
     processor = spm.SentencePieceProcessor(model_file=path)
     assert all(processor.encode(word, out_type=str) == ["▁" + word] for word in words)
-    counts = {}
-    for sentence in corpus:
-        for word in sentence.split():
-            counts[word] = counts.get(word, 0) + 1
+    counts = collections.Counter(word for sentence in corpus for word in sentence.split())
     others = [w for w in counts if w not in words and len(w) > 3]
     assert others and sum(len(processor.encode(w)) > 1 for w in others) > len(others) / 2
     # SentencePiece matches kept words as prefixes: a word that begins with one is cut after it.

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_transformer import Transformer, beam_search, greedy_search, length_penalty
-from keras_transformer.decoding import CachedSteps, score_hypotheses, steps
+from keras_transformer.decoding import score_hypotheses
 from tests.test_case import random_transformer, to_numpy
 
 PAD, EOS, VOCABULARY = 0, 3, 16
@@ -109,9 +109,8 @@ def test_padding_in_the_batch_changes_no_result(model, decode):
 
 def test_rows_of_a_large_batch_decode_as_they_do_alone(model):
     """24 sentences: rows that finish early stay in the batch for some steps
-    (both searches drop them only once a sixteenth have finished) and beam
-    search gathers its hypotheses' rows among many; neither changes a row's
-    result."""
+    (greedy drops them only once a sixteenth have finished) and beam search
+    gathers its hypotheses' rows among many; neither changes a row's result."""
     rng = np.random.default_rng(7)
     sources = np.full((24, 6), PAD, "int32")
     for row, length in enumerate(rng.integers(1, 6, size=24)):
@@ -270,79 +269,6 @@ def test_static_and_dynamic_shapes_give_the_same_results(model, static_shapes, u
     )
     np.testing.assert_array_equal(to_numpy(tokens), to_numpy(greedy[0]))
     np.testing.assert_allclose(to_numpy(scores), to_numpy(greedy[1]), rtol=1e-4)
-
-
-class TiledSource:
-    """The model's decoding interface without `shared_source`: beam search then
-    copies each sentence's source row for every hypothesis, as any model's."""
-
-    def __init__(self, model):
-        self.model = model
-        self.pad_id, self.bos_id, self.eos_id = model.pad_id, model.bos_id, model.eos_id
-
-    def padding_mask(self, ids):
-        return self.model.padding_mask(ids)
-
-    def start_decoding(self, source_ids, cache_length=0, return_attention=False):
-        return self.model.start_decoding(source_ids, cache_length, return_attention)
-
-    def decoding_step(self, token_ids, state, index=None):
-        return self.model.decoding_step(token_ids, state, index)
-
-
-class RecordsRows(TiledSource):
-    """The model's full interface, recording the rows of each step's source and tokens."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        self.rows = []
-
-    def decoding_step(self, token_ids, state, index=None, shared_source=False):
-        sources = state["source"]["padding_mask"].shape[0]
-        self.rows.append((sources, token_ids.shape[0], shared_source))
-        return self.model.decoding_step(token_ids, state, index, shared_source=shared_source)
-
-
-@pytest.mark.parametrize("static_shapes", [True, False])
-def test_beam_search_shares_a_sentences_source_rows_with_the_same_results(model, static_shapes):
-    if keras.backend.backend() == "jax" and not static_shapes:
-        pytest.skip("JAX decodes with static shapes")
-    tiled, shared = TiledSource(model), RecordsRows(model)
-    assert CachedSteps(shared).shares_source and not CachedSteps(tiled).shares_source
-    options = dict(num_hypotheses=3, extra_length=EXTRA, static_shapes=static_shapes)
-    expected = beam_search(tiled, SOURCES, return_attention=True, **options)
-    results = beam_search(shared, SOURCES, return_attention=True, **options)
-    assert shared.rows and all(flag and tokens == 4 * rows for rows, tokens, flag in shared.rows)
-    np.testing.assert_array_equal(to_numpy(results[0]), to_numpy(expected[0]))
-    np.testing.assert_allclose(to_numpy(results[1]), to_numpy(expected[1]), rtol=1e-5)
-    np.testing.assert_allclose(to_numpy(results[2]), to_numpy(expected[2]), atol=1e-6)
-
-
-def test_finished_sentences_riding_along_change_no_result(model, monkeypatch):
-    """Dynamic shapes: rows dropped as soon as a sentence is done (3 sentences,
-    at least one at a time) against rows kept, masked, until all are done."""
-    if keras.backend.backend() == "jax":
-        pytest.skip("JAX decodes with static shapes, where finished rows always ride along")
-    prefix = np.array([[5, PAD], [6, 7], [PAD, PAD]], "int32")
-
-    def run(recorder):
-        options = dict(extra_length=EXTRA, target_prefix=prefix, return_attention=True)
-        beams = beam_search(recorder, SOURCES, num_hypotheses=2, **options)
-        greedy = greedy_search(recorder, SOURCES, return_scores=True, **options)
-        return [to_numpy(value) for value in (*beams, *greedy)]
-
-    dropping = RecordsRows(model)
-    expected = run(dropping)
-    monkeypatch.setattr(steps, "DROP_SHARE", 1.0)
-    riding = RecordsRows(model)
-    results = run(riding)
-    # Beam search's sentences (its steps share sources) and greedy search's rows
-    # left early in the first run and stayed to the end in the second.
-    for beam in (True, False):
-        assert min(rows for rows, _, shared in dropping.rows if shared == beam) < 3
-        assert {rows for rows, _, shared in riding.rows if shared == beam} == {3}
-    for result, reference in zip(results, expected, strict=True):
-        np.testing.assert_allclose(result, reference, rtol=1e-5, atol=1e-6)
 
 
 def test_early_stop_ends_a_sentence_when_its_best_extension_ends():

@@ -8,8 +8,9 @@ sentence may produce at most its own source length plus `extra_length` tokens
 How the decoder state is carried depends on `static_shapes`:
 - dynamic shapes (the default on TensorFlow and PyTorch): self-attention caches
   grow by one position a step, and sentences that are done leave the batch
-  once a sixteenth of them have finished (masked until then), so a step
-  costs about what its live hypotheses need;
+  (beam search's at once; greedy search's and sampling's rows once a
+  sixteenth of them have finished, masked until then), so a step costs about
+  what its live hypotheses need;
 - static shapes (the default on JAX, whose `jit` needs them): caches are
   fixed-size buffers as long as the longest output, and finished rows ride
   along, masked, until the whole batch is done.
@@ -30,13 +31,11 @@ from keras_transformer.decoding.constraints import BracketConstraint
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import filter_log_probs, sample
 from keras_transformer.decoding.steps import (
-    DROP_SHARE,
     IMPOSSIBLE,
     CachedSteps,
     RecomputedSteps,
     SearchSetup,
     ban_special_tokens,
-    drop_due,
     force_prefix,
     gather_rows,
     guide,
@@ -50,11 +49,9 @@ __all__ = [
     "BracketConstraint",
     "IMPOSSIBLE",
     "CachedSteps",
-    "DROP_SHARE",
     "RecomputedSteps",
     "SearchSetup",
     "ban_special_tokens",
-    "drop_due",
     "filter_log_probs",
     "force_prefix",
     "beam_search",

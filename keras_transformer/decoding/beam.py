@@ -5,7 +5,6 @@ from keras import ops
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
     check_prefix,
-    drop_due,
     gather_rows,
     guide,
     length_penalty,
@@ -311,7 +310,7 @@ def beam_search(
         # shapes they are all sentences and `done` marks the finished ones.
         alive_tokens, alive_log_probs, alive_ids, *alive_alignments = alive
         log_probs, state = steps.step(
-            ops.reshape(alive_ids, (-1,)), state, index if static else None, shared
+            ops.reshape(alive_ids, (-1,)), state, index if static else None
         )  # (n * K, V)
         row_sentences = ops.repeat(sentences, beam_size)  # (n * K,)
         history = ops.reshape(alive_tokens, (-1, width))  # (n * K, T)
@@ -340,11 +339,10 @@ def beam_search(
         )
         # Each live hypothesis continues its parent's self-attention cache.
         parent_rows = _rows_of(ops.arange(ops.shape(parents)[0]), beam_size, parents)  # (n * K,)
-        if static:
-            state = {"source": state["source"], "target": gather_rows(state["target"], parent_rows)}
-        else:
+        state = {"source": state["source"], "target": gather_rows(state["target"], parent_rows)}
+        if not static:
             sentences, alive, finished, done, state = _drop_done(
-                done, (sentences, alive, finished, done), state, parent_rows, beam_size, shared
+                done, (sentences, alive, finished, done), state, beam_size
             )
         return index + 1, sentences, alive, state, finished, done, outputs
 
@@ -352,13 +350,7 @@ def beam_search(
     alive, finished, outputs = _initial_beams(
         model, sentences, batch_size, width, beam_size, num_hypotheses, sources
     )
-    # A sentence's hypotheses read one source row where the model allows it.
-    shared = steps.shares_source
-    hypotheses = ops.repeat(sentences, beam_size)  # (n * K,)
-    state = {
-        "source": gather_rows(state["source"], sentences if shared else hypotheses),
-        "target": gather_rows(state["target"], hypotheses),
-    }
+    state = gather_rows(state, ops.repeat(sentences, beam_size))  # (n * K) rows
     done = ops.zeros_like(sentences, dtype="bool")
     loop_vars = (ops.convert_to_tensor(0, "int32"), sentences, alive, state, finished, done)
     return ops.while_loop(condition, body, loop_vars + (outputs,))[-1]
@@ -372,37 +364,15 @@ def _rows_of(sentence_indices, beam_size, hypotheses=None):
     return ops.reshape(sentence_indices[:, None] * beam_size + hypotheses, (-1,))
 
 
-def _drop_done(done, per_sentence, state, parent_rows, beam_size, shared):
-    """Moves each hypothesis to its parent's rows, and drops done sentences.
+def _drop_done(done, per_sentence, state, beam_size):
+    """Keeps the sentences that are not done, and the rows of their hypotheses.
 
-    Done sentences leave once they are `DROP_SHARE` of the batch; until then
-    they ride along, closed. The target state's rows are taken once through
-    both reorderings.
-
-    Args:
-        done: bool `(n,)`.
-        per_sentence: tuple of nested `(n, ...)` values.
-        state: the decoder state, `"target"` with `n * K` rows, `"source"` with
-            `n` (`shared`) or `n * K`.
-        parent_rows: int `(n * K,)`, the row each hypothesis continues.
-        beam_size: int `K`.
-        shared: bool, whether `"source"` has a row per sentence.
-
-    Returns:
-        `per_sentence` followed by the state, without the dropped sentences.
+    Returns `per_sentence` (a tuple of nested `(n, ...)` values) followed by
+    `state`, both with the done sentences removed.
     """
-    source, target = state["source"], state["target"]
 
     def drop():
         keep = ops.nonzero(ops.logical_not(done))[0]  # (n',)
-        rows = _rows_of(keep, beam_size)  # (n' * K,)
-        state = {
-            "source": gather_rows(source, keep if shared else rows),
-            "target": gather_rows(target, ops.take(parent_rows, rows)),
-        }
-        return (*gather_rows(per_sentence, keep), state)
+        return (*gather_rows(per_sentence, keep), gather_rows(state, _rows_of(keep, beam_size)))
 
-    def stay():
-        return (*per_sentence, {"source": source, "target": gather_rows(target, parent_rows)})
-
-    return ops.cond(drop_due(done), drop, stay)
+    return ops.cond(ops.any(done), drop, lambda: (*per_sentence, state))

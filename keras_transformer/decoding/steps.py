@@ -5,11 +5,10 @@ built from the same pieces as `greedy_search` and `beam_search`:
 `prepare_search` sets a search up and returns a `SearchSetup`; `guide` applies
 the banned tokens, a constraint and a forced prefix to a step's
 log-probabilities; `gather_rows` and `write_column` are the bookkeeping every
-step does, and `drop_due` says when finished rows leave the batch.
+step does.
 """
 
 import collections
-import inspect
 
 import keras
 from keras import ops
@@ -36,27 +35,18 @@ def length_penalty(length, alpha):
 
 
 class CachedSteps:
-    """The model's own incremental decoding: key/value caches, one position a step.
-
-    `shares_source` is True where the model's `decoding_step` takes
-    `shared_source` (as `Transformer.decoding_step` does): a beam search then
-    keeps one `state["source"]` row per sentence for all its hypotheses.
-    """
+    """The model's own incremental decoding: key/value caches, one position a step."""
 
     def __init__(self, model):
         self.model = model
-        parameters = inspect.signature(model.decoding_step).parameters
-        self.shares_source = "shared_source" in parameters
 
     def start(self, source_ids, cache_length, return_attention=False):
         if not return_attention:  # the interface of models without alignments
             return self.model.start_decoding(source_ids, cache_length)
         return self.model.start_decoding(source_ids, cache_length, return_attention=True)
 
-    def step(self, token_ids, state, index, shared_source=False):
-        if not shared_source:  # the interface of models without shared sources
-            return self.model.decoding_step(token_ids, state, index)
-        return self.model.decoding_step(token_ids, state, index, shared_source=True)
+    def step(self, token_ids, state, index):
+        return self.model.decoding_step(token_ids, state, index)
 
 
 class RecomputedSteps:
@@ -64,11 +54,8 @@ class RecomputedSteps:
 
     Its state is the encoder output and the prefix decoded so far, a growing
     `(R, t)` tensor, or with `index` a fixed `(R, cache_length)` buffer of which
-    the decoder runs every position and the step reads one. Its source rows
-    are one per row (`shares_source` is False).
+    the decoder runs every position and the step reads one.
     """
-
-    shares_source = False
 
     def __init__(self, model):
         self.model = model
@@ -85,9 +72,7 @@ class RecomputedSteps:
             "target": target,
         }
 
-    def step(self, token_ids, state, index, shared_source=False):
-        if shared_source:
-            raise ValueError("RecomputedSteps decodes with one source row per row.")
+    def step(self, token_ids, state, index):
         source, prefix = state["source"], state["target"]["prefix"]
         if index is None:
             prefix = ops.concatenate([prefix, token_ids[:, None]], axis=1)  # (R, t + 1)
@@ -108,22 +93,6 @@ class RecomputedSteps:
             scores = ops.take(outputs[1][:, -1], position, axis=2)  # (R, H, S)
             target["attention"] = ops.mean(ops.cast(scores, "float32"), axis=1)
         return ops.log_softmax(logits, axis=-1), {"source": source, "target": target}
-
-
-# Under dynamic shapes, finished rows leave the batch once they are this share
-# of it: each drop gathers the whole decoder state (about a tenth of a greedy
-# step's time), and a finished row kept a few steps costs only its share of them.
-DROP_SHARE = 1 / 16
-
-
-def drop_due(finished):
-    """Bool scalar: whether the rows marked in `finished` `(R,)` should leave now.
-
-    True once they are `DROP_SHARE` of the rows, and at least one.
-    """
-    count = ops.sum(ops.cast(finished, "float32"))
-    share = DROP_SHARE * ops.cast(ops.shape(finished)[0], "float32")
-    return count >= ops.maximum(share, 1.0)
 
 
 def gather_rows(tree, rows):

@@ -356,56 +356,28 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask=None,
         return_attention_scores=False,
         training=None,
-        shared_cache=False,
     ):
         """Attention of `query` over keys and values from `compute_cache`.
 
         Args:
-            query: `(B, T, D)` queries; with `shared_cache`, `(B * G, T, D)`.
+            query: `(B, T, D)` queries.
             cache: `(keys, values)`, `(B, H, S, K)` each, left unchanged.
-            query_mask: bool `(B, T)`; with `shared_cache`, `(B * G, T)`.
+            query_mask: bool `(B, T)`.
             attention_mask: bool `(B, T, S)` or `(B, 1, S)`, True where a query
-                may attend a key (the source padding); with `shared_cache`,
-                `(B, 1, S)`.
+                may attend a key (the source padding).
             return_attention_scores: bool, also return the `(B, H, T, S)`
                 attention probabilities.
             training: bool, whether dropout is active.
-            shared_cache: bool, the query rows attend the cache rows in
-                adjacent groups of `G` (a beam search's hypotheses of one
-                sentence): each group reads its row in place, where `G` copies
-                would cost `G` times its memory and a gather whenever rows
-                leave the batch. The results are those of the copies (tested).
 
         Returns:
             `(B, T, D)`, or with `return_attention_scores` a pair of it and the
-            probabilities (`B * G` rows with `shared_cache`).
+            probabilities.
         """
         query = ops.convert_to_tensor(query)  # called directly, not through `__call__`
-        rows, length = ops.shape(query)[0], ops.shape(query)[1]
-        if shared_cache:  # (B * G, T, D) -> (B, G * T, D): a group's queries side by side
-            sources = ops.shape(cache[0])[0]
-            query = ops.reshape(query, (sources, -1, ops.shape(query)[2]))
-            if query_mask is not None:
-                query_mask = ops.reshape(query_mask, (sources, -1))
         query_states = _heads_first(_project(self._query_dense, query))  # (B, H, T, K)
         mask = masks.merge_attention_masks(query_mask=query_mask, attention_mask=attention_mask)
-        outputs, probabilities = self._attend(
-            query_states,
-            cache[0],
-            cache[1],
-            mask,
-            training,
-            products=True if shared_cache else None,
-        )
+        outputs, probabilities = self._attend(query_states, cache[0], cache[1], mask, training)
         outputs = self._output_projection(ops.transpose(outputs, (0, 2, 1, 3)))
-        if shared_cache:
-            outputs = ops.reshape(outputs, (rows, length, ops.shape(outputs)[2]))
-            if return_attention_scores:  # (B, H, G * T, S) -> (B * G, H, T, S)
-                heads, keys = ops.shape(probabilities)[1], ops.shape(probabilities)[3]
-                grouped = ops.reshape(probabilities, (sources, heads, -1, length, keys))
-                probabilities = ops.reshape(
-                    ops.transpose(grouped, (0, 2, 1, 3, 4)), (rows, heads, length, keys)
-                )
         return (outputs, probabilities) if return_attention_scores else outputs
 
     def _output_projection(self, outputs):
@@ -435,25 +407,17 @@ class MultiHeadAttention(keras.layers.Layer):
             has_kernel = self.fused_attention
         return has_kernel and same_sizes and no_dropout and self.compute_dtype != "float16"
 
-    def _attend(self, query_states, key_states, value_states, mask, training, products=None):
-        """`(B, H, T, K)` attention outputs and `(B, H, T, S)` probabilities.
-
-        `products` (default: for a single query) computes the logits and the
-        weighted values as broadcast products and sums instead of batched
-        matrix products, which cost far more per call for few queries.
-        """
+    def _attend(self, query_states, key_states, value_states, mask, training):
         if self.compute_dtype == "float16":
             # float16 logits overflow past 65504; bfloat16 has float32's range.
             query_states = ops.cast(query_states, "float32")
             key_states = ops.cast(key_states, "float32")
         query_states = query_states * ops.cast(1.0 / math.sqrt(self.key_dim), query_states.dtype)
-        if products is None:
-            products = query_states.shape[2] == 1  # one query a row: a decoding step
-        if products:
-            # (B, H, T, 1, K) * (B, H, 1, S, K), summed over K; expand_dims, a
-            # reshape, never copies the keys.
-            scaled = ops.expand_dims(query_states, 3) * ops.expand_dims(key_states, 2)
-            logits = ops.sum(scaled, axis=-1)
+        # One query a row (a decoding step): products and sums instead of
+        # batched matrix products of a single row, which cost far more per call.
+        one_query = query_states.shape[2] == 1
+        if one_query:
+            logits = ops.sum(query_states * key_states, axis=-1)[:, :, None]  # (B, H, 1, S)
         else:
             logits = ops.einsum("bhtk,bhsk->bhts", query_states, key_states)  # (B, H, T, S)
         # Softmax in float32 for stability under mixed precision.
@@ -464,9 +428,9 @@ class MultiHeadAttention(keras.layers.Layer):
         probabilities = _softmax(logits)
         probabilities = ops.cast(probabilities, self.compute_dtype)
         dropped = self._dropout_layer(probabilities, training=training)
-        if products:  # (B, H, T, S, 1) * (B, H, 1, S, K), summed over S
-            weighted = ops.expand_dims(dropped, 4) * ops.expand_dims(value_states, 2)
-            outputs = ops.sum(weighted, axis=3)
+        if one_query:
+            weights = ops.transpose(dropped, (0, 1, 3, 2))  # (B, H, S, 1)
+            outputs = ops.sum(weights * value_states, axis=2, keepdims=True)  # (B, H, 1, K)
         else:
             outputs = ops.einsum("bhts,bhsk->bhtk", dropped, value_states)  # (B, H, T, K)
         return outputs, probabilities

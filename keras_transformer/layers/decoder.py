@@ -136,7 +136,6 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
         encoder_padding_mask=None,
         cache_update_index=None,
         return_attention_scores=False,
-        shared_source=False,
     ):
         """Decodes the positions after those `self_attention_cache` holds (no dropout).
 
@@ -150,10 +149,6 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
                 fixed-size cache; None (the default) appends to a growing one.
             return_attention_scores: bool, also return the `(B, H, T, S)`
                 encoder-decoder attention probabilities.
-            shared_source: bool, `cross_attention_cache` and
-                `encoder_padding_mask` hold `B / G` rows, one per group of `G`
-                adjacent rows of `inputs` (a beam's hypotheses of one
-                sentence): see `MultiHeadAttention.attend_cached`.
 
         Returns:
             `(outputs, self_attention_cache)`: `(B, T, D)` and the updated pair;
@@ -169,14 +164,12 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
             return x
 
         def cross_attend(x):
-            outputs = self._cross_attention.attend_cached(
+            return self._cross_attention.attend_cached(
                 x,
                 cross_attention_cache,
                 attention_mask=masks.padding_mask_to_attention_mask(encoder_padding_mask),
-                return_attention_scores=return_attention_scores,
-                shared_cache=shared_source,
+                return_attention_scores=True,
             )
-            return outputs if return_attention_scores else (outputs, None)
 
         x, scores = self._sublayers(inputs, self_attend, cross_attend, training=False)
         return (x, caches[0], scores) if return_attention_scores else (x, caches[0])
@@ -309,7 +302,6 @@ class Decoder(_DecoderCall, TransformerStack):
         encoder_padding_mask=None,
         cache_update_index=None,
         return_attention_scores=False,
-        shared_source=False,
     ):
         """Decodes the positions after those the caches hold (no dropout).
 
@@ -329,10 +321,6 @@ class Decoder(_DecoderCall, TransformerStack):
                 fixed-size caches; None (the default) appends to growing caches.
             return_attention_scores: bool, also return every layer's
                 `(B, L, H, T, S)` encoder-decoder attention probabilities.
-            shared_source: bool, the cross-attention caches and
-                `encoder_padding_mask` hold `B / G` rows, one per group of `G`
-                adjacent rows of `inputs` (a beam's hypotheses of one
-                sentence; see `MultiHeadAttention.attend_cached`).
 
         Returns:
             `(outputs, self_attention_cache)`: `(B, T, D)` and the updated L
@@ -351,17 +339,11 @@ class Decoder(_DecoderCall, TransformerStack):
         for layer, self_cache, cross_cache in zip(
             self.stack_layers, self_attention_cache, cross_attention_cache, strict=True
         ):
-            outputs, self_cache, *layer_scores = layer.call_with_cache(
-                outputs,
-                self_cache,
-                cross_cache,
-                encoder_padding_mask,
-                cache_update_index,
-                return_attention_scores,
-                shared_source,
+            outputs, self_cache, layer_scores = layer.call_with_cache(
+                outputs, self_cache, cross_cache, encoder_padding_mask, cache_update_index, True
             )
             caches.append(self_cache)
-            scores.extend(layer_scores)
+            scores.append(layer_scores)
         if return_attention_scores:
             return self._finish(outputs), caches, ops.stack(scores, axis=1)  # (B, L, H, T, S)
         return self._finish(outputs), caches

@@ -290,9 +290,7 @@ class Transformer(keras.Model):
         it through `ops.while_loop` and take rows of it: `"source"` holds what
         every hypothesis of a sentence shares (the encoder-decoder keys and
         values, the source padding mask), `"target"` what each hypothesis owns
-        (its self-attention cache). Beam search keeps one `"source"` row per
-        sentence (see `decoding_step`'s `shared_source`) and reorders
-        `"target"` rows.
+        (its self-attention cache). Beam search reorders `"target"` rows only.
 
         Args:
             source_ids: int `(B, S)` source ids, padded with `pad_id`.
@@ -326,7 +324,7 @@ class Transformer(keras.Model):
             state["target"]["attention"] = ops.zeros(ops.shape(source_ids), dtype="float32")
         return state
 
-    def decoding_step(self, token_ids, state, index=None, shared_source=False):
+    def decoding_step(self, token_ids, state, index=None):
         """Log-probabilities of the next token after `token_ids`.
 
         Args:
@@ -335,10 +333,6 @@ class Transformer(keras.Model):
             state: from `start_decoding`, with rows taken as the search needs.
             index: int scalar, the current position, for fixed-size caches;
                 None for growing caches (the position is their length).
-            shared_source: bool, `state["source"]` holds `R / G` rows, one per
-                group of `G` adjacent rows of `token_ids` (a beam's hypotheses
-                of one sentence), instead of one per row; the results are the
-                same (tested).
 
         Returns:
             `(log_probs, state)`: float32 `(R, V)` and the updated state.
@@ -354,7 +348,6 @@ class Transformer(keras.Model):
             encoder_padding_mask=source["padding_mask"],
             cache_update_index=index,
             return_attention_scores=alignment,
-            shared_source=shared_source,
         )  # (R, 1, D), caches[, (R, L, H, 1, S)]
         log_probs = ops.log_softmax(self._logits(outputs[0])[:, 0], axis=-1)  # (R, V)
         target = {"self_attention_cache": outputs[1]}

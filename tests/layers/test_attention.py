@@ -259,42 +259,6 @@ def test_cross_attention_cache_equals_recomputation(data):
     np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-6)
 
 
-@pytest.mark.parametrize("length", [1, 2])
-def test_a_shared_cache_serves_groups_of_queries_as_its_copies(data, length):
-    """Three query rows a cache row (a beam's hypotheses) against the cache copied three times."""
-    query, value = data
-    groups = 3
-    queries = np.random.default_rng(3).normal(size=(B * groups, length, D)).astype("float32")
-    mask = np.ones((B, 1, S), bool)
-    mask[1, :, -2:] = False
-    query_mask = np.ones((B * groups, length), bool)
-    query_mask[-1, -1] = False
-    layer = MultiHeadAttention(num_heads=H, key_dim=4)
-    layer(query, value)
-    cache = layer.compute_cache(value)
-    copies = tuple(ops.repeat(part, groups, axis=0) for part in cache)
-    expected, expected_scores = layer.attend_cached(
-        queries,
-        copies,
-        query_mask=query_mask,
-        attention_mask=np.repeat(mask, groups, axis=0),
-        return_attention_scores=True,
-    )
-    output, scores = layer.attend_cached(
-        queries,
-        cache,
-        query_mask=query_mask,
-        attention_mask=mask,
-        return_attention_scores=True,
-        shared_cache=True,
-    )
-    assert tuple(scores.shape) == (B * groups, H, length, S)
-    np.testing.assert_allclose(to_numpy(output), to_numpy(expected), atol=1e-6)
-    np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-6)
-    alone = layer.attend_cached(queries, cache, attention_mask=mask, shared_cache=True)
-    assert not np.allclose(to_numpy(alone)[-1, -1], to_numpy(output)[-1, -1])  # query mask read
-
-
 def test_dropout_reaches_attention_probabilities(data):
     query, value = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4, dropout=0.99)

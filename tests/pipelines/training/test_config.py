@@ -151,10 +151,10 @@ def test_recipes_record_the_model_they_train(recipe):
 
 def test_print_config_prints_the_resolved_settings(no_training, capsys):
     argv = ["--recipe", "multi30k", "--multi30k-dir", "d", "--batch-tokens", "1024", "--xla"]
-    assert train.main(argv + ["--set", "model.dropout=0.2", "--print-config"]) == 0
+    assert train.main(argv + ["--set", "model.dropout=0.3", "--print-config"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["batching"]["batch_tokens"] == 1024 and printed["optimization"]["xla"] is True
-    assert printed["model"]["dropout"] == 0.2 and printed["data"]["multi30k_dir"] == "d"
+    assert printed["model"]["dropout"] == 0.3 and printed["data"]["multi30k_dir"] == "d"
     assert printed["budget"]["max_minutes"] == 57
 
 

@@ -21,6 +21,7 @@ class TransformerBlock(keras.layers.Layer):
         intermediate_dim,
         dropout=0.1,
         attention_dropout=0.0,
+        activation_dropout=0.0,
         activation="relu",
         layer_norm_epsilon=1e-6,
         normalize_first=False,
@@ -35,13 +36,19 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(
                 f"intermediate_dim must be positive. Received: intermediate_dim={intermediate_dim}"
             )
-        for name, rate in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+        rates = {
+            "dropout": dropout,
+            "attention_dropout": attention_dropout,
+            "activation_dropout": activation_dropout,
+        }
+        for name, rate in rates.items():
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name} must be in [0, 1). Received: {name}={rate}")
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = layer_norm_epsilon
         self.normalize_first = normalize_first
@@ -88,6 +95,7 @@ class TransformerBlock(keras.layers.Layer):
         self._feed_forward = FeedForward(
             intermediate_dim=self.intermediate_dim,
             activation=self.activation,
+            dropout=self.activation_dropout,
             name="feed_forward",
             **self._sublayer_kwargs(),
         )
@@ -126,6 +134,7 @@ class TransformerBlock(keras.layers.Layer):
                 "intermediate_dim": self.intermediate_dim,
                 "dropout": self.dropout,
                 "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
                 "activation": keras.activations.serialize(self.activation),
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "normalize_first": self.normalize_first,

@@ -53,9 +53,9 @@ class DecoderLayer(_DecoderCall, TransformerBlock):
     after those a self-attention cache holds (see `Decoder.call_with_cache`).
 
     Args:
-        num_heads, intermediate_dim, dropout, attention_dropout, activation,
-        layer_norm_epsilon, normalize_first, kernel_initializer,
-        bias_initializer: as in `EncoderLayer`.
+        num_heads, intermediate_dim, dropout, attention_dropout,
+        activation_dropout, activation, layer_norm_epsilon, normalize_first,
+        kernel_initializer, bias_initializer: as in `EncoderLayer`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -213,9 +213,9 @@ class Decoder(_DecoderCall, TransformerStack):
 
     Args:
         num_layers: int, number of layers `N`.
-        num_heads, intermediate_dim, dropout, attention_dropout, activation,
-        layer_norm_epsilon, normalize_first, kernel_initializer,
-        bias_initializer: as in `EncoderLayer`.
+        num_heads, intermediate_dim, dropout, attention_dropout,
+        activation_dropout, activation, layer_norm_epsilon, normalize_first,
+        kernel_initializer, bias_initializer: as in `EncoderLayer`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:

@@ -19,6 +19,8 @@ class EncoderLayer(TransformerBlock):
         intermediate_dim: int, feed-forward inner size `d_ff`.
         dropout: float, residual dropout `P_drop` on each sublayer's output.
         attention_dropout: float, dropout on attention probabilities.
+        activation_dropout: float, dropout on the feed-forward's inner
+            activations (0 in the paper).
         activation: feed-forward activation (ReLU in the paper).
         layer_norm_epsilon: float, LayerNorm epsilon.
         normalize_first: bool, pre-norm instead of the paper's post-norm.
@@ -80,9 +82,9 @@ class Encoder(TransformerStack):
 
     Args:
         num_layers: int, number of layers `N`.
-        num_heads, intermediate_dim, dropout, attention_dropout, activation,
-        layer_norm_epsilon, normalize_first, kernel_initializer,
-        bias_initializer: as in `EncoderLayer`.
+        num_heads, intermediate_dim, dropout, attention_dropout,
+        activation_dropout, activation, layer_norm_epsilon, normalize_first,
+        kernel_initializer, bias_initializer: as in `EncoderLayer`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:

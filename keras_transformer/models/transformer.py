@@ -47,6 +47,9 @@ class Transformer(keras.Model):
         num_heads: int, attention heads `h`.
         dropout: float, `P_drop` for residuals and embeddings.
         attention_dropout: float, dropout on attention probabilities.
+        activation_dropout: float, dropout on the feed-forward's inner
+            activations (fairseq's `activation_dropout`, OpenNMT-tf's
+            `ffn_dropout`; 0 in the paper).
         activation: feed-forward activation.
         layer_norm_epsilon: float.
         normalize_first: bool, pre-norm layers instead of the paper's post-norm.
@@ -92,6 +95,7 @@ class Transformer(keras.Model):
         num_heads=8,
         dropout=0.1,
         attention_dropout=0.0,
+        activation_dropout=0.0,
         activation="relu",
         layer_norm_epsilon=1e-6,
         normalize_first=False,
@@ -120,6 +124,7 @@ class Transformer(keras.Model):
         self.num_heads = num_heads
         self.dropout = dropout
         self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
         self.activation = keras.activations.get(activation)
         self.layer_norm_epsilon = layer_norm_epsilon
         self.normalize_first = normalize_first
@@ -171,6 +176,7 @@ class Transformer(keras.Model):
             "intermediate_dim": self.intermediate_dim,
             "dropout": self.dropout,
             "attention_dropout": self.attention_dropout,
+            "activation_dropout": self.activation_dropout,
             "activation": self.activation,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "normalize_first": self.normalize_first,
@@ -375,6 +381,7 @@ class Transformer(keras.Model):
                 "num_heads": self.num_heads,
                 "dropout": self.dropout,
                 "attention_dropout": self.attention_dropout,
+                "activation_dropout": self.activation_dropout,
                 "activation": keras.activations.serialize(self.activation),
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "normalize_first": self.normalize_first,

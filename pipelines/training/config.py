@@ -106,6 +106,9 @@ class ModelConfig:
     attention_dropout: float | None = setting(
         None, "dropout on attention probabilities", low=0.0, below=1.0
     )
+    activation_dropout: float | None = setting(
+        None, "dropout on the feed-forward's inner activations", low=0.0, below=1.0
+    )
     activation: str | None = setting(None, "feed-forward activation (a Keras name)")
     layer_norm_epsilon: float | None = setting(None, "LayerNorm epsilon", above=0.0, high=1.0)
     normalize_first: bool | None = setting(None, "pre-norm layers instead of post-norm")

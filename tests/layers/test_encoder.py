@@ -122,7 +122,7 @@ def test_keras_mask_equals_explicit_padding_mask():
     np.testing.assert_array_equal(implicit, explicit)
 
 
-@pytest.mark.parametrize("argument", ["dropout", "attention_dropout"])
+@pytest.mark.parametrize("argument", ["dropout", "attention_dropout", "activation_dropout"])
 def test_dropout_reaches_sublayers(inputs, argument):
     layer = EncoderLayer(num_heads=2, intermediate_dim=16, **{"dropout": 0.0, argument: 0.99})
     assert not np.allclose(to_numpy(layer(inputs, training=True)), to_numpy(layer(inputs)))

@@ -109,11 +109,16 @@ def test_decoding_steps_give_the_full_pass_log_probabilities(cache_length):
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
-    model = tiny(learned_positions=True, max_positions=16, normalize_first=True)
+    model = tiny(
+        learned_positions=True, max_positions=16, normalize_first=True, activation_dropout=0.3
+    )
     check_config_round_trip(model)
     model((SOURCE, TARGET))
     restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
     assert restored.get_config() == model.get_config()
+    # The feed-forward dropout reaches every layer's inner activations.
+    for stack in (restored.encoder, restored.decoder):
+        assert [layer.feed_forward.dropout for layer in stack.stack_layers] == [0.3, 0.3]
 
 
 def test_compiled_model_round_trips_with_loss_and_metric(tmp_path):

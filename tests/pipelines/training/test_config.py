@@ -170,9 +170,11 @@ def test_a_preset_flag_replaces_the_recipe_model():
     config = load_config("default", settings={"preset": "transformer_base"})
     assert config.model == ModelConfig(preset="transformer_base")
     assert config.model_arguments(10)["hidden_dim"] == 512
-    config = load_config("default", settings={"preset": "transformer_base", "model.dropout": 0.2})
+    settings = {"preset": "transformer_base", "model.dropout": 0.2}
+    config = load_config("default", settings={**settings, "model.activation_dropout": 0.1})
     assert config.model_arguments(10)["hidden_dim"] == 512
     assert config.model_arguments(10)["dropout"] == 0.2
+    assert config.model_arguments(10)["activation_dropout"] == 0.1
 
 
 def test_no_preset_needs_every_size():

@@ -32,11 +32,26 @@ def test_layer_basics(data):
     )
 
 
+@pytest.mark.parametrize("argument", ["dropout", "attention_dropout", "activation_dropout"])
+def test_dropout_reaches_sublayers(data, argument):
+    target, source, _ = data
+    layer = DecoderLayer(num_heads=H, intermediate_dim=16, **{"dropout": 0.0, argument: 0.99})
+    inference = to_numpy(layer(target, source))
+    assert not np.allclose(to_numpy(layer(target, source, training=True)), inference)
+    np.testing.assert_array_equal(to_numpy(layer(target, source)), inference)
+
+
 def test_stack_basics(data):
     target, source, _ = data
     run_layer_test(
         Decoder,
-        init_kwargs={"num_layers": L, "num_heads": H, "intermediate_dim": 16},
+        init_kwargs={
+            "num_layers": L,
+            "num_heads": H,
+            "intermediate_dim": 16,
+            "attention_dropout": 0.1,
+            "activation_dropout": 0.2,
+        },
         input_data={"inputs": target, "encoder_outputs": source},
         expected_output_shape=(B, T, D),
         expected_num_trainable_weights=52,

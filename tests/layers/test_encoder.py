@@ -41,6 +41,7 @@ def test_stack_basics(inputs, normalize_first, weights):
             "num_heads": 2,
             "intermediate_dim": 16,
             "normalize_first": normalize_first,
+            "activation_dropout": 0.2,
         },
         input_data={"inputs": inputs},
         expected_output_shape=(B, S, D),

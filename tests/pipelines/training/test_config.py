@@ -170,11 +170,16 @@ def test_a_preset_flag_replaces_the_recipe_model():
     config = load_config("default", settings={"preset": "transformer_base"})
     assert config.model == ModelConfig(preset="transformer_base")
     assert config.model_arguments(10)["hidden_dim"] == 512
-    settings = {"preset": "transformer_base", "model.dropout": 0.2}
-    config = load_config("default", settings={**settings, "model.activation_dropout": 0.1})
+    config = load_config("default", settings={"preset": "transformer_base", "model.dropout": 0.2})
     assert config.model_arguments(10)["hidden_dim"] == 512
     assert config.model_arguments(10)["dropout"] == 0.2
-    assert config.model_arguments(10)["activation_dropout"] == 0.1
+
+
+def test_every_dropout_reaches_the_model_arguments():
+    overrides = {"model.attention_dropout": 0.1, "model.activation_dropout": 0.15}
+    arguments = load_config("default", settings=overrides).model_arguments(10)
+    base = load_config("default").model_arguments(10)
+    assert arguments == {**base, "attention_dropout": 0.1, "activation_dropout": 0.15}
 
 
 def test_no_preset_needs_every_size():

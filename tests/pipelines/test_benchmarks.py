@@ -13,6 +13,7 @@ from benchmarks import (
     common,
     cpu_training_step,
     decoding,
+    decoding_ops,
     decoding_profile,
     gpu_training,
     multi30k_recipe,
@@ -168,6 +169,36 @@ def test_decoding_profile_smoke(tiny_run, tmp_path):
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
         assert shares["matrix products"] > 0 and entry["ops_per_call"] > 100
         assert entry["steps"] >= 1 and entry["milliseconds_per_step"] > 0
+
+
+def test_decoding_ops_smoke(tmp_path):
+    output = tmp_path / "ops.json"
+    argv = ["--rows", "3", "--keys", "2", "5", "--vocabulary", "40", "--steps", "2",
+            "--repeats", "1", "--output", str(output)]  # fmt: skip
+    assert decoding_ops.main(argv) == 0
+    results = read(output)["results"]
+    assert set(results) == {"vocabulary", "ban", "attention_logits", "attention_sum"}
+    assert set(results["attention_sum"]["batched_matmul"]) == {"rows=3,keys=2", "rows=3,keys=5"}
+    for piece in results.values():
+        for shapes in piece.values():
+            for entry in shapes.values():
+                assert entry["same_result"] and entry["microseconds"] > 0
+
+
+def test_decoding_ops_forms_compute_greedys_choice():
+    import tensorflow as tf
+
+    inputs, candidates = decoding_ops.forms(tf, rows=6, keys=3, vocabulary=7)["vocabulary"]
+    # Greedy's choice by NumPy: the most probable token but padding and start,
+    # reported as its log-probability plus its id.
+    rng = tf.random.Generator.from_seed(0)
+    kernel = (rng.normal((128, 7)) * 0.1).numpy()
+    logits = inputs.numpy() @ kernel
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    log_probs[:, [decoding_ops.PAD, decoding_ops.BOS]] = -np.inf
+    expected = log_probs.max(-1) + log_probs.argmax(-1)
+    for name, function in candidates.items():
+        np.testing.assert_allclose(function(inputs).numpy(), expected, atol=1e-4, err_msg=name)
 
 
 def test_profile_kinds_name_the_ops_that_matter():

@@ -8,7 +8,8 @@ written in the form the search uses now and in the candidate forms, each run
 `--steps` times in a `tf.while_loop` inside a `tf.function`, as the SavedModel
 runs a step; forms alternate, `--repeats` times, and the median time a step
 is reported. Every candidate is checked to compute what the current form
-computes. The pieces:
+computes. The loop's own cost (changing the inputs, summing the outputs) is
+timed as `(loop alone)`. The pieces:
 
 - `vocabulary`: the `(R, D)` decoder output projected onto the vocabulary,
   then greedy's choice: log-softmax, ban padding and start, top-1 (now);
@@ -35,92 +36,145 @@ import time
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
+from keras_transformer.decoding.steps import IMPOSSIBLE  # noqa: E402
 
 PAD, BOS = 0, 1  # the ids banned, as `ban_special_tokens` bans the model's
 
 
+def output_kernel(tf, width, vocabulary):
+    """The `(width, vocabulary)` projection onto the vocabulary the `vocabulary` piece uses."""
+    return tf.random.stateless_normal((width, vocabulary), seed=[0, 1]) * 0.1
+
+
+def attention_values(tf, rows, keys, heads=4, head_dim=32):
+    """The `(R, H, S, K)` keys (and values) the attention pieces attend."""
+    return tf.random.stateless_normal((rows, heads, keys, head_dim), seed=[0, 2])
+
+
 def forms(tf, rows, keys, vocabulary, width=128, heads=4, head_dim=32):
-    """`{piece: (inputs, {form: function})}`, the first form the current one."""
-    rng = tf.random.Generator.from_seed(0)
-    kernel = rng.normal((width, vocabulary)) * 0.1  # (D, V)
+    """The pieces, each with its inputs and its forms, the current form first.
+
+    Args:
+        tf: the `tensorflow` module.
+        rows: int `R`, rows of a step (sentences, or sentences times beams).
+        keys: int `S`, keys a query attends.
+        vocabulary: int `V`.
+        width, heads, head_dim: the model's `D`, `H` and `K`.
+
+    Returns:
+        `{piece: (inputs, {form: function})}`. The vocabulary and ban forms map
+        their inputs to float32 `(R, 2)`, each row's chosen log-probability and
+        id; the attention forms to `(R, H, 1, S)` logits or `(R, H, 1, K)`
+        outputs, as `MultiHeadAttention` computes them for one query a row.
+    """
+    kernel = output_kernel(tf, width, vocabulary)  # (D, V)
     banned = tf.constant([i in (PAD, BOS) for i in range(vocabulary)])  # (V,)
 
-    def pick(scores):  # (R, V) -> (R,): the top score plus its id, so both are compared
-        values, ids = tf.math.top_k(scores, 1)
-        return values[:, 0] + tf.cast(ids[:, 0], tf.float32)
+    def normal(shape, seed):
+        return tf.random.stateless_normal(shape, seed=[0, seed])
 
-    def current(states):
-        return pick(tf.where(banned, -1e9, tf.nn.log_softmax(states @ kernel)))
+    def pick(scores):  # (R, V) -> (R, 2): the top score and its id
+        values, ids = tf.math.top_k(scores, 1)
+        return tf.concat([values, tf.cast(ids, tf.float32)], axis=1)
+
+    def current(states):  # (R, D), as `greedy_search` chooses
+        return pick(tf.where(banned, IMPOSSIBLE, tf.nn.log_softmax(states @ kernel)))
 
     def logits_only(states):
         logits = states @ kernel  # (R, V)
-        values, ids = tf.math.top_k(tf.where(banned, -1e9, logits), 1)
-        chosen = values[:, 0] - tf.reduce_logsumexp(logits, axis=-1)
-        return chosen + tf.cast(ids[:, 0], tf.float32)
+        values, ids = tf.math.top_k(tf.where(banned, IMPOSSIBLE, logits), 1)  # (R, 1) each
+        chosen = values - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        return tf.concat([chosen, tf.cast(ids, tf.float32)], axis=1)
 
     def top3(states):
         values, ids = tf.math.top_k(tf.nn.log_softmax(states @ kernel), 3)  # (R, 3)
         first = tf.argmax(tf.cast((ids != PAD) & (ids != BOS), tf.int32), axis=1)  # (R,)
         chosen = tf.gather(values, first, batch_dims=1)
-        return chosen + tf.cast(tf.gather(ids, first, batch_dims=1), tf.float32)
+        chosen_ids = tf.cast(tf.gather(ids, first, batch_dims=1), tf.float32)
+        return tf.stack([chosen, chosen_ids], axis=1)
 
-    def ban_add(log_probs):
-        return pick(log_probs + tf.where(banned, -1e9, 0.0))
-
-    def ban_scatter(log_probs):
+    def ban_scatter(log_probs):  # (R, V)
         cells = tf.stack(tf.meshgrid(tf.range(rows), [PAD, BOS], indexing="ij"), -1)  # (R, 2, 2)
-        return pick(tf.tensor_scatter_nd_update(log_probs, cells, tf.fill([rows, 2], -1e9)))
+        return pick(tf.tensor_scatter_nd_update(log_probs, cells, tf.fill([rows, 2], IMPOSSIBLE)))
 
-    values = rng.normal((rows, heads, keys, head_dim))  # (R, H, S, K)
+    values = attention_values(tf, rows, keys, heads, head_dim)  # (R, H, S, K)
 
-    def logits_sum(query):  # (R, H, 1, K) -> (R,)
-        return tf.reduce_sum(query * values, axis=[1, 2, 3])
+    def weighted_sum(weights):  # (R, H, 1, S) -> (R, H, 1, K), as `_attend` for one query
+        return tf.reduce_sum(tf.transpose(weights, (0, 1, 3, 2)) * values, axis=2, keepdims=True)
 
-    def logits_matmul(query):
-        return tf.reduce_sum(tf.matmul(query, values, transpose_b=True), axis=[1, 2, 3])
-
-    def weighted_sum(weights):  # (R, H, 1, S) -> (R,)
-        outputs = tf.reduce_sum(tf.transpose(weights, (0, 1, 3, 2)) * values, axis=2)
-        return tf.reduce_sum(outputs, axis=[1, 2])
-
-    def weighted_matmul(weights):
-        return tf.reduce_sum(tf.matmul(weights, values), axis=[1, 2, 3])
-
-    log_probs = tf.nn.log_softmax(rng.normal((rows, vocabulary)))
     return {
         "vocabulary": (
-            rng.normal((rows, width)),
+            normal((rows, width), 3),
             {"log_softmax_ban_top1": current, "logits_top1_logsumexp": logits_only,
              "log_softmax_top3_ban": top3},
         ),
         "ban": (
-            log_probs,
-            {"select": lambda x: pick(tf.where(banned, -1e9, x)), "add_bias": ban_add,
+            tf.nn.log_softmax(normal((rows, vocabulary), 4)),
+            {"select": lambda x: pick(tf.where(banned, IMPOSSIBLE, x)),
+             "add_bias": lambda x: pick(x + tf.where(banned, IMPOSSIBLE, 0.0)),
              "scatter": ban_scatter},
         ),
         "attention_logits": (
-            rng.normal((rows, heads, 1, head_dim)),
-            {"products_and_sums": logits_sum, "batched_matmul": logits_matmul},
+            normal((rows, heads, 1, head_dim), 5),
+            {"products_and_sums": lambda q: tf.reduce_sum(q * values, axis=-1)[:, :, None],
+             "batched_matmul": lambda q: tf.matmul(q, values, transpose_b=True)},
         ),
         "attention_sum": (
-            tf.nn.softmax(rng.normal((rows, heads, 1, keys))),
-            {"products_and_sums": weighted_sum, "batched_matmul": weighted_matmul},
+            tf.nn.softmax(normal((rows, heads, 1, keys), 6)),
+            {"products_and_sums": weighted_sum,
+             "batched_matmul": lambda weights: tf.matmul(weights, values)},
         ),
     }  # fmt: skip
 
 
 def looped(tf, function, steps):
-    """A `tf.function` running `function` `steps` times in a `tf.while_loop`."""
+    """A `tf.function` running `function` `steps` times, one after another, in a `tf.while_loop`.
+
+    The inputs change a little each step, so that no step is hoisted, and
+    each step's output is summed to `(R,)`, the same cost for every form;
+    one iteration at a time, as a search's steps run.
+    """
 
     @tf.function
     def run(inputs):
-        def body(index, inputs, total):  # inputs change a little, so no step is hoisted
-            return index + 1, inputs + 1e-6, total + function(inputs)
+        def body(index, inputs, total):
+            outputs = function(inputs)
+            reduced = tf.reduce_sum(tf.reshape(outputs, (tf.shape(outputs)[0], -1)), axis=1)
+            return index + 1, inputs + 1e-6, total + reduced
 
         total = tf.zeros(tf.shape(inputs)[:1])
-        return tf.while_loop(lambda index, *_: index < steps, body, (0, inputs, total))[2]
+        loop = (0, inputs, total)
+        return tf.while_loop(lambda i, *_: i < steps, body, loop, parallel_iterations=1)[2]
 
     return run
+
+
+def time_forms(tf, inputs, candidates, steps, repeats):
+    """`{form: (median µs a step, same result as the first form)}`, plus the loop alone."""
+    import numpy as np
+
+    candidates = {**candidates, "(loop alone)": lambda x: tf.zeros(tf.shape(x)[:1])}
+    runs = {name: looped(tf, function, steps) for name, function in candidates.items()}
+    for run in runs.values():
+        run(inputs)  # tracing, not timed
+    outputs = {name: function(inputs).numpy() for name, function in candidates.items()}
+    reference = next(iter(outputs.values()))
+    times = {name: [] for name in runs}
+    names = list(runs)
+    for repeat in range(repeats):  # each repeat starts with another form
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            start = time.perf_counter()
+            runs[name](inputs).numpy()
+            times[name].append((time.perf_counter() - start) / steps * 1e6)
+    # Ids must match exactly: a difference of 1 exceeds rtol * V for V < 100,000.
+    return {
+        name: (
+            round(median(times[name]), 1),
+            name == "(loop alone)"
+            or bool(np.allclose(outputs[name], reference, rtol=1e-5, atol=1e-4)),
+        )
+        for name in runs
+    }
 
 
 def main(argv=None):
@@ -133,7 +187,6 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "decoding_ops.json"))
     args = parser.parse_args(argv)
 
-    import numpy as np
     import tensorflow as tf
 
     results, rows_out = {}, []
@@ -143,23 +196,11 @@ def main(argv=None):
             for piece, (inputs, candidates) in forms(tf, rows, keys, args.vocabulary).items():
                 if piece in ("vocabulary", "ban") and keys != args.keys[0]:
                     continue  # these do not depend on the keys
-                runs = {name: looped(tf, fn, args.steps) for name, fn in candidates.items()}
-                for run in runs.values():
-                    run(inputs)  # tracing, not timed
-                # One step of each, to compare: ids exactly, values to float32 rounding.
-                outputs = {name: fn(inputs).numpy() for name, fn in candidates.items()}
-                times = {name: [] for name in runs}
-                for _ in range(args.repeats):
-                    for name, run in runs.items():
-                        start = time.perf_counter()
-                        run(inputs).numpy()
-                        times[name].append((time.perf_counter() - start) / args.steps * 1e6)
-                reference = outputs[next(iter(runs))]
-                for name in runs:
-                    same = bool(np.allclose(outputs[name], reference, rtol=1e-5, atol=1e-3))
-                    entry = {"microseconds": round(median(times[name]), 1), "same_result": same}
+                measured = time_forms(tf, inputs, candidates, args.steps, args.repeats)
+                for name, (microseconds, same) in measured.items():
+                    entry = {"microseconds": microseconds, "same_result": same}
                     results.setdefault(piece, {}).setdefault(name, {})[shape] = entry
-                    rows_out.append([piece, name, rows, keys, entry["microseconds"], same])
+                    rows_out.append([piece, name, rows, keys, microseconds, same])
     write_result(
         {
             "benchmark": "decoding_ops",

@@ -179,26 +179,36 @@ def test_decoding_ops_smoke(tmp_path):
     results = read(output)["results"]
     assert set(results) == {"vocabulary", "ban", "attention_logits", "attention_sum"}
     assert set(results["attention_sum"]["batched_matmul"]) == {"rows=3,keys=2", "rows=3,keys=5"}
+    assert "(loop alone)" in results["ban"]
     for piece in results.values():
         for shapes in piece.values():
             for entry in shapes.values():
                 assert entry["same_result"] and entry["microseconds"] > 0
 
 
-def test_decoding_ops_forms_compute_greedys_choice():
+def test_decoding_ops_forms_compute_greedys_choice_and_attention():
     import tensorflow as tf
 
-    inputs, candidates = decoding_ops.forms(tf, rows=6, keys=3, vocabulary=7)["vocabulary"]
-    # Greedy's choice by NumPy: the most probable token but padding and start,
-    # reported as its log-probability plus its id.
-    rng = tf.random.Generator.from_seed(0)
-    kernel = (rng.normal((128, 7)) * 0.1).numpy()
-    logits = inputs.numpy() @ kernel
+    pieces = decoding_ops.forms(tf, rows=40, keys=3, vocabulary=7, width=16, heads=2, head_dim=4)
+    inputs, candidates = pieces["vocabulary"]
+    # Greedy's choice by NumPy: the most probable token but padding and start.
+    logits = inputs.numpy() @ decoding_ops.output_kernel(tf, 16, 7).numpy()
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     log_probs[:, [decoding_ops.PAD, decoding_ops.BOS]] = -np.inf
-    expected = log_probs.max(-1) + log_probs.argmax(-1)
+    assert np.isin(logits.argmax(-1), [decoding_ops.PAD, decoding_ops.BOS]).any()  # bans matter
     for name, function in candidates.items():
-        np.testing.assert_allclose(function(inputs).numpy(), expected, atol=1e-4, err_msg=name)
+        chosen = function(inputs).numpy()  # (R, 2)
+        np.testing.assert_array_equal(chosen[:, 1], log_probs.argmax(-1), err_msg=name)
+        np.testing.assert_allclose(chosen[:, 0], log_probs.max(-1), atol=1e-5, err_msg=name)
+    values = decoding_ops.attention_values(tf, 40, 3, heads=2, head_dim=4).numpy()  # (R, H, S, K)
+    queries, candidates = pieces["attention_logits"]
+    expected = np.einsum("rhqk,rhsk->rhqs", queries.numpy(), values)
+    for name, function in candidates.items():
+        np.testing.assert_allclose(function(queries).numpy(), expected, atol=1e-5, err_msg=name)
+    weights, candidates = pieces["attention_sum"]
+    expected = np.einsum("rhqs,rhsk->rhqk", weights.numpy(), values)
+    for name, function in candidates.items():
+        np.testing.assert_allclose(function(weights).numpy(), expected, atol=1e-5, err_msg=name)
 
 
 def test_profile_kinds_name_the_ops_that_matter():

@@ -189,8 +189,9 @@ def test_decoding_ops_smoke(tmp_path):
 def test_decoding_ops_forms_compute_greedys_choice_and_attention():
     import tensorflow as tf
 
-    pieces = decoding_ops.forms(tf, rows=40, keys=3, vocabulary=7, width=16, heads=2, head_dim=4)
-    inputs, candidates = pieces["vocabulary"]
+    inputs, candidates = decoding_ops.vocabulary_forms(tf, rows=40, vocabulary=7, width=16)[
+        "vocabulary"
+    ]
     # Greedy's choice by NumPy: the most probable token but padding and start.
     logits = inputs.numpy() @ decoding_ops.output_kernel(tf, 16, 7).numpy()
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -201,6 +202,7 @@ def test_decoding_ops_forms_compute_greedys_choice_and_attention():
         np.testing.assert_array_equal(chosen[:, 1], log_probs.argmax(-1), err_msg=name)
         np.testing.assert_allclose(chosen[:, 0], log_probs.max(-1), atol=1e-5, err_msg=name)
     values = decoding_ops.attention_values(tf, 40, 3, heads=2, head_dim=4).numpy()  # (R, H, S, K)
+    pieces = decoding_ops.attention_forms(tf, rows=40, keys=3, heads=2, head_dim=4)
     queries, candidates = pieces["attention_logits"]
     expected = np.einsum("rhqk,rhsk->rhqs", queries.numpy(), values)
     for name, function in candidates.items():

@@ -259,6 +259,27 @@ def test_cross_attention_cache_equals_recomputation(data):
     np.testing.assert_allclose(to_numpy(scores), to_numpy(expected_scores), atol=1e-6)
 
 
+def test_one_query_attention_matches_numpy_with_a_mask(data):
+    # A decoding step attends one query at a time with a softmax of its own
+    # (element-wise ops, not the backend's kernel); eq. (1) in NumPy checks
+    # it, with logits large enough to overflow exp() unless shifted by the max.
+    query, value = data
+    mask = np.ones((B, 1, S), bool)
+    mask[1, :, -3:] = False
+    layer = MultiHeadAttention(num_heads=H, key_dim=4, bias_initializer="random_normal")
+    layer(query, value)  # builds it
+    cache = layer.compute_cache(value)
+    for index in range(T):
+        step = query[:, index : index + 1] * 40.0  # (B, 1, D)
+        output, scores = layer.attend_cached(
+            step, cache, attention_mask=mask, return_attention_scores=True
+        )
+        expected = numpy_attention(layer, step, value, mask)
+        np.testing.assert_allclose(to_numpy(output), expected, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(to_numpy(scores).sum(-1), 1.0, atol=1e-6)
+        assert (to_numpy(scores)[1, :, :, -3:] == 0).all()
+
+
 def test_dropout_reaches_attention_probabilities(data):
     query, value = data
     layer = MultiHeadAttention(num_heads=H, key_dim=4, dropout=0.99)

@@ -2,7 +2,7 @@
 
 Usage:
     python benchmarks/cpu_training_step.py --multi30k-dir ../shared/data/multi30k \
-        [--batches 24] [--repeats 3] [--variants xla fused_adam keras_attention]
+        [--batches 24] [--repeats 3] [--variants xla fused_adam keras_attention bfloat16]
 
 Each variant trains the recipe's model (`multi30k`: 4 layers, width 128,
 feed-forward 256, 4 heads, joint vocabulary 8,000) with the product's
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import RESULTS, median, table, write_result  # noqa: E402
 
 MODEL = {"num_layers": 4, "hidden_dim": 128, "intermediate_dim": 256, "num_heads": 4}
-VARIANTS = ("xla", "fused_adam", "keras_attention")
+VARIANTS = ("xla", "fused_adam", "keras_attention", "bfloat16")
 
 
 def examples_and_vocabulary(multi30k_dir, work_dir, vocabulary_size, max_length, sentences):
@@ -88,7 +88,9 @@ def attention_layers(model):
                 yield layer.cross_attention
 
 
-def make_trainer(vocabulary_size, num_layers, xla=False, fused_adam=False, keras_attention=False):
+def make_trainer(
+    vocabulary_size, num_layers, xla=False, fused_adam=False, keras_attention=False, bfloat16=False
+):
     import keras
 
     import keras_transformer as kt
@@ -96,8 +98,13 @@ def make_trainer(vocabulary_size, num_layers, xla=False, fused_adam=False, keras
     from pipelines.training.trainer import Trainer
 
     keras.utils.set_random_seed(0)
-    model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
-    model.build(((None, None), (None, None)))
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16" if bfloat16 else "float32")
+    try:
+        model = kt.Transformer(vocabulary_size, dropout=0.1, **{**MODEL, "num_layers": num_layers})
+        model.build(((None, None), (None, None)))
+    finally:
+        keras.config.set_dtype_policy(policy)
     if keras_attention:  # the benchmark's model: no attention dropout, float32
         for attention in attention_layers(model):
             attention.fused_attention = True
@@ -177,6 +184,7 @@ def main(argv=None):
         "xla": (args.xla_ratio, {"xla": True}),
         "fused_adam": (1.1, {"fused_adam": True}),
         "keras_attention": (1.1, {"keras_attention": True}),
+        "bfloat16": (1.1, {"bfloat16": True}),
     }
     variants = {name: known[name] for name in ["today", *args.variants] if name in known}
     epoch, timed, shapes, padding = {}, {}, {}, {}
@@ -218,6 +226,7 @@ def main(argv=None):
         results[name] = {
             "real_target_tokens_per_second": rates[name],
             "median": rate,
+            "compute_dtype": trainers[name].model.compute_dtype,
             "shapes_per_epoch": shapes[name],
             "real_token_fraction": padding[name],
             "first_step_extra_seconds": first_step[name],

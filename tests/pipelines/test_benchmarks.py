@@ -309,6 +309,8 @@ def test_cpu_training_step_smoke(multi30k_dir, tmp_path):
         assert len(entry["real_target_tokens_per_second"]) == 2 and entry["median"] > 0
         assert 0 < entry["real_token_fraction"] <= 1
     assert sorted(result["results"]) == sorted(["today", *cpu_training_step.VARIANTS])
+    assert today["compute_dtype"] == "float32"
+    assert result["results"]["bfloat16"]["compute_dtype"] == "bfloat16"
     assert result["results"]["keras_attention"]["shapes_per_epoch"] == today["shapes_per_epoch"]
     assert result["keras_attention_over_today_steady"] > 0
     # Padding to a few fixed shapes: fewer shapes, more padding.

@@ -23,8 +23,9 @@ def _softmax(logits, one_query=False):
     that case is written out: its probability is exactly 1.
 
     A decoding step's softmax (`one_query`, `(B, H, 1, S)` logits) is
-    composed of element-wise ops and reductions: on logits this small,
-    TensorFlow's oneDNN softmax kernel takes about twice to three times as long.
+    composed of element-wise ops and reductions, which TensorFlow runs faster
+    than its oneDNN softmax kernel on logits this small (a greedy step over
+    Multi30k 14% faster).
     """
     if logits.shape[-1] == 1:
         return ops.ones_like(logits)

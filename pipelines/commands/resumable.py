@@ -22,13 +22,15 @@ def export_identity(version):
     return [os.path.abspath(version), graph.st_size, graph.st_mtime_ns]
 
 
-def resume_point(partials, state):
+def resume_point(partials, state, resume=True):
     """Input lines already done in `partials` by an earlier run with the same `state`, else 0.
 
     Args:
         partials: list of `(path, lines_per_input)`; the first one's
             `PATH.json` records the state.
         state: JSON-able dict, what the lines depend on.
+        resume: bool; False starts over whatever the files hold (for a run
+            whose other output, such as stdout, cannot be resumed with them).
 
     Returns:
         int; every partial file is cut to that many inputs' lines.
@@ -36,7 +38,7 @@ def resume_point(partials, state):
     sidecar = f"{partials[0][0]}.json"
     try:
         with open(sidecar, encoding="utf-8") as handle:
-            same = json.load(handle) == state
+            same = resume and json.load(handle) == state
         contents = []
         for path, _ in partials:
             with open(path, "rb") as handle:

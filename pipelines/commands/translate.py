@@ -30,7 +30,8 @@ With `--output`, finished lines go to `OUTPUT.partial` first (`ALIGNMENTS.partia
 beside it) and the files take their names only when complete. A run that is
 killed can be restarted with the same arguments: it keeps the lines already
 written and continues after them (when the input, model and settings are the
-same; else it starts over).
+same; else it starts over). Without `--output` (translations to stdout), a rerun
+translates everything again, `--alignments` included.
 """
 
 import contextlib
@@ -73,6 +74,8 @@ def _check_settings(args):
     for flag, value in positive:
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be positive. Received: {value}")
+    if args.alpha is not None and not args.alpha >= 0:
+        raise ConfigError(f"--alpha must be 0 or positive. Received: {args.alpha}")
     if args.sampling_temperature is not None and not args.sampling_temperature > 0:
         raise ConfigError(
             f"--sampling-temperature must be positive. Received: {args.sampling_temperature}"
@@ -103,8 +106,12 @@ def _check_settings(args):
     return sampling
 
 
-def _check_prefixes(args, version, lines, prefixes, source_name, extra_length):
-    """Refuses a prefix file of another length, or a prefix longer than its output limit."""
+def _check_prefixes(args, version, lines, prefixes, source_name, settings):
+    """Refuses a prefix file of another length, or a prefix longer than its output limit.
+
+    The limit is the export's: the source's pieces, end of sentence included and
+    cut at `max_source_length` as the export cuts them, plus `extra_length`.
+    """
     if len(prefixes) != len(lines):
         raise DataError(
             f"--prefix-file {args.prefix_file} has {len(prefixes)} lines but {source_name} "
@@ -115,16 +122,19 @@ def _check_prefixes(args, version, lines, prefixes, source_name, extra_length):
     tokenizer = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(version, "assets", "sentencepiece.model")
     )
+    extra_length, max_source = settings["extra_length"], settings.get("max_source_length")
     for number, (line, prefix) in enumerate(zip(lines, prefixes, strict=True), start=1):
         if not prefix:
             continue
         pieces = len(tokenizer.encode(prefix.decode("utf-8", errors="replace")))
-        limit = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1 + extra_length
+        source = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1
+        limit = (min(source, max_source) if max_source else source) + extra_length
+        cut = f", cut at {max_source}" if max_source and source > max_source else ""
         if pieces > limit:
             raise DataError(
                 f"--prefix-file {args.prefix_file}, line {number}: the prefix has {pieces} "
                 f"pieces, more than the {limit} its sentence may produce (its source's pieces, "
-                f"end of sentence included, plus {extra_length})"
+                f"end of sentence included{cut}, plus {extra_length})"
             )
 
 
@@ -166,11 +176,15 @@ def _translate(args):
         prefixes = read_input_lines(prefix_data)
         _check_prefixes(
             args, version, lines, prefixes, f"--input {args.input or 'stdin'}",
-            client.export_settings(version)["extra_length"],
+            client.export_settings(version),
         )  # fmt: skip
     elif name == "align":
         prefixes = [b""] * len(lines)
     samples = args.num_samples or 1
+    if name == "translate":  # the flag not given keeps the export's setting
+        exported = client.export_settings(version)
+        args.beam_size = exported["beam_size"] if args.beam_size is None else args.beam_size
+        args.alpha = exported["alpha"] if args.alpha is None else args.alpha
     with contextlib.ExitStack() as stack:
         done, out, alignments = 0, sys.stdout, None
         if args.output or args.alignments:
@@ -184,7 +198,9 @@ def _translate(args):
             }
             partials = [(f"{path}.partial", per) for path, per in
                         ((args.output, samples), (args.alignments, 1)) if path]  # fmt: skip
-            done = resume_point(partials, state)
+            # Translations written to stdout cannot be resumed: a rerun writes them
+            # all again, and the alignments beside them.
+            done = resume_point(partials, state, resume=bool(args.output))
             if done:
                 print(f"resuming after {done} lines already translated", file=sys.stderr)
             files = [stack.enter_context(open(path, "a", encoding="utf-8")) for path, _ in partials]
@@ -219,8 +235,8 @@ def _batches(args, name, signature, lines, prefixes, done, samples):
         rows, scalars = {}, {}
         if name == "translate":
             scalars = {
-                "beam_size": tf.constant(4 if args.beam_size is None else args.beam_size),
-                "alpha": tf.constant(0.6 if args.alpha is None else args.alpha, tf.float32),
+                "beam_size": tf.constant(args.beam_size),
+                "alpha": tf.constant(args.alpha, tf.float32),
             }
         if name in ("prefix", "align"):
             rows["prefixes"] = (prefixes[start:end], tf.string)

@@ -452,6 +452,37 @@ def write_lines(path, lines):
     return str(path)
 
 
+def test_translate_command_keeps_the_exports_setting_of_the_flag_not_given(
+    exported, tmp_path, monkeypatch
+):
+    import shutil
+
+    from pipelines import cli
+    from pipelines.serving import client
+
+    version = tmp_path / "other" / "1"
+    shutil.copytree(exported[3], version)
+    settings_path = version / client.SETTINGS_FILE
+    settings = json.loads(settings_path.read_text())
+    settings.update(beam_size=3, alpha=0.25)  # an export made with other search settings
+    settings_path.write_text(json.dumps(settings))
+    source = write_lines(tmp_path / "in.txt", [b"4:08 PM", b"12.5%"])
+    calls, call_in_batches = [], client.call_in_batches
+
+    def recorded(signature, lines, batch_size=1024, rows=None, scalars=None):
+        calls.append({name: value.numpy().item() for name, value in (scalars or {}).items()})
+        return call_in_batches(signature, lines, batch_size, rows, scalars)
+
+    monkeypatch.setattr(client, "call_in_batches", recorded)
+    argv = ["translate", "--model", str(version), "--input", source]
+    assert cli.main(argv + ["--alpha", "1.0", "--output", str(tmp_path / "a.txt")]) == 0
+    assert calls == [{"beam_size": 3, "alpha": 1.0}]
+    assert cli.main(argv + ["--beam-size", "2", "--output", str(tmp_path / "b.txt")]) == 0
+    assert calls[1] == {"beam_size": 2, "alpha": 0.25}
+    assert cli.main(argv + ["--alpha", "-0.5"]) == 2
+    assert len(calls) == 2  # refused before any translation
+
+
 def test_translate_command_prefixes_and_alignments_are_the_signatures(
     exported, served, tmp_path, capsys
 ):
@@ -494,6 +525,21 @@ def test_translate_command_prefixes_and_alignments_are_the_signatures(
     assert err.startswith(f"error: --prefix-file {long_prefix}, line 7: the prefix has ")
     limit = len(exported[0].tokenizer.tokenize("12.5%").numpy()) + 1 + 50
     assert f"more than the {limit} its sentence may produce" in err
+    # A source longer than the export keeps: the limit counts the pieces it keeps.
+    pieces = lambda text: len(exported[0].tokenizer.tokenize(text).numpy())  # noqa: E731
+    assert pieces(LONG) + 1 > MAX_SOURCE_LENGTH
+    words = 1
+    while pieces(" ".join(["kilometers"] * words)) <= MAX_SOURCE_LENGTH + 50:
+        words += 1
+    prefix = " ".join(["kilometers"] * words).encode()
+    assert pieces(prefix) <= pieces(LONG) + 1 + 50  # within the limit of the uncut source
+    cut_prefix = write_lines(tmp_path / "cut.txt", [b""] * 4 + [prefix] + [b""] * 2)
+    argv[argv.index(long_prefix)] = cut_prefix
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --prefix-file {cut_prefix}, line 5: the prefix has ")
+    assert f"more than the {MAX_SOURCE_LENGTH + 50} its sentence may produce" in err
+    assert f"cut at {MAX_SOURCE_LENGTH}" in err
 
 
 def test_translate_command_samples_reproducibly(exported, served, tmp_path):

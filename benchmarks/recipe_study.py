@@ -66,12 +66,11 @@ def val_bleu(model, val, beam_size=1, alpha=0.0):
 
 def decoding_study(run_dir, multi30k_dir, averages, beams):
     """Val BLEU for each number of averaged checkpoints and each (beam, alpha)."""
-    import glob
     import tempfile
 
-    from pipelines.training.checkpoints import average_checkpoints
+    from pipelines.training.checkpoints import average_checkpoints, epoch_checkpoints
 
-    checkpoints = sorted(glob.glob(os.path.join(run_dir, "checkpoints", "epoch-*.keras")))
+    checkpoints = epoch_checkpoints(os.path.join(run_dir, "checkpoints"))
     val = val_set(run_dir, multi30k_dir)
     rows = []
     for count in averages:

@@ -62,6 +62,7 @@ from pipelines.serving.translation import (
     translate_strings,
 )
 from pipelines.serving.versions import check_version, next_version
+from pipelines.training.checkpoints import with_dtype_policy
 
 SIGNATURE_INPUT = "inputs"
 
@@ -83,7 +84,8 @@ class Translator(tf.Module):
     fails with "Could not find variable".
 
     Args:
-        model: a trained `Transformer`.
+        model: a trained `Transformer`. One trained under mixed precision is
+            exported computing in float32 (`checkpoints.with_dtype_policy`).
         sentencepiece_path: str, the SentencePiece model used in training.
         max_source_length: int, source ids kept per sentence (EOS included).
         beam_size: int, beam size of `serving_default` and `nbest`.
@@ -120,6 +122,7 @@ class Translator(tf.Module):
         self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
+        model = with_dtype_policy(model, "float32")
         check_special_ids(model, sentencepiece_path)
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes

@@ -1,5 +1,6 @@
 """Checkpoints: loading, averaging (section 6.1) and repairing a killed run's backup."""
 
+import glob
 import json
 import logging
 import math
@@ -38,10 +39,46 @@ def load_checkpoint(path, compile=False):
         )
     try:
         return keras.saving.load_model(path, compile=compile)
+    except TypeError as error:  # Keras's "Could not locate class ..."
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: it holds a model of classes this package does "
+            f"not know ({error})"
+        ) from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
         raise CheckpointError(
             f"Cannot load checkpoint {path}: the file is corrupt or truncated ({error})"
         ) from None
+
+
+def with_dtype_policy(model, policy="float32"):
+    """The model computing under another dtype policy, with the same weights.
+
+    A model trained under `mixed_bfloat16` or `mixed_float16` keeps float32
+    weights but records its policy in its config, so a loaded copy computes
+    in the narrow type; an export for CPU serving wants float32, which every
+    CPU runs at full speed and which decodes as the float32 reference search
+    does. Keras has no call that changes a built model's policy, so this
+    rebuilds the model from its config with `dtype=policy` and copies the
+    weights (cast to the new variables' dtypes).
+
+    Args:
+        model: a built `keras.Model` whose config names its dtype policy (a
+            `Transformer`, for one).
+        policy: str or `keras.DTypePolicy`, the policy to compute under.
+
+    Returns:
+        `model` itself if it already computes under `policy`, else a new,
+        built model (not compiled).
+    """
+    policy = keras.dtype_policies.get(policy)
+    if model.dtype_policy.name == policy.name:
+        return model
+    config = model.get_config()
+    config["dtype"] = policy.name
+    copy = model.__class__.from_config(config)
+    copy.build_from_config(model.get_build_config())
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def average_checkpoints(paths, output_path):
@@ -83,6 +120,27 @@ def average_checkpoints(paths, output_path):
     with atomic_output(output_path, suffix=".keras") as staging:
         averaged.save(staging)
     return averaged
+
+
+def epoch_checkpoints(checkpoint_dir):
+    """A run's epoch checkpoints, `epoch-N.keras`, oldest first.
+
+    Ordered by N, not by name: names are padded to three digits, so a run of
+    more than 999 epochs has `epoch-1000.keras` after `epoch-999.keras`,
+    where a name sort would put it among the first.
+
+    Args:
+        checkpoint_dir: str, the run's `checkpoints` folder.
+
+    Returns:
+        list of str paths.
+    """
+    numbered = []
+    for path in glob.glob(os.path.join(checkpoint_dir, "epoch-*.keras")):
+        number = os.path.basename(path)[len("epoch-") : -len(".keras")]
+        if number.isdigit():
+            numbered.append((int(number), path))
+    return [path for _, path in sorted(numbered)]
 
 
 def checkpoints_to_average(checkpoints, output):

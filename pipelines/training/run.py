@@ -1,7 +1,6 @@
 """One training run from a `TrainConfig`: data, vocabulary, model, fit, save."""
 
 import functools
-import glob
 import json
 import logging
 import os
@@ -29,7 +28,9 @@ from pipelines.parsing.corpus import (
 from pipelines.training.checkpoints import (
     average_checkpoints,
     checkpoints_to_average,
+    epoch_checkpoints,
     repair_backup,
+    with_dtype_policy,
 )
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.progress import ProgressLines
@@ -434,7 +435,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     model = trainer.model
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     tok = tokenizer.load_tokenizer(spm_path)
-    checkpoints = sorted(glob.glob(os.path.join(out_dir, "checkpoints", "epoch-*.keras")))
+    checkpoints = epoch_checkpoints(os.path.join(out_dir, "checkpoints"))
     model_path = os.path.join(out_dir, "model.keras")
     chosen = checkpoints_to_average(checkpoints, config.output)
     if len(chosen) > 1:
@@ -465,7 +466,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
         if config.decoding.tree_constraint:
             constraint = bracket_constraint(spm_path, model.eos_id, _tree_words(config))
         hypotheses = translate(
-            model,
+            with_dtype_policy(model, "float32"),  # as `kt export` decodes a mixed-precision run
             tok,
             sources,
             max_source_length=config.batching.max_length,

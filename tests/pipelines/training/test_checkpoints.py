@@ -8,7 +8,13 @@ import pytest
 
 import keras_transformer as kt
 from pipelines.errors import CheckpointError
-from pipelines.training.checkpoints import average_checkpoints, checkpoints_to_average
+from pipelines.training.checkpoints import (
+    average_checkpoints,
+    checkpoints_to_average,
+    epoch_checkpoints,
+    load_checkpoint,
+    with_dtype_policy,
+)
 
 
 def saved_model(path, seed, **kwargs):
@@ -37,6 +43,54 @@ def test_average_of_two_checkpoints_is_the_elementwise_mean(tmp_path):
         assert not np.allclose(a, b) or a.std() == 0
         np.testing.assert_allclose(mean, (a + b) / 2, rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(saved, mean)
+
+
+def test_a_mixed_precision_model_computes_in_float32_with_the_same_weights(tmp_path):
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:  # converted, too, under the global policy a mixed-precision run leaves set
+        saved_model(tmp_path / "mixed.keras", 1)
+        loaded = keras.saving.load_model(tmp_path / "mixed.keras")
+        converted = with_dtype_policy(loaded, "float32")
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert loaded.compute_dtype == "bfloat16"  # the policy travels with the file
+    assert converted.compute_dtype == "float32" and loaded.compute_dtype == "bfloat16"
+    for before, after in zip(loaded.get_weights(), converted.get_weights(), strict=True):
+        np.testing.assert_array_equal(after, before)
+    # The reference: a float32 model built on its own and given the same weights.
+    keras.utils.set_random_seed(2)
+    reference = kt.Transformer(30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2)
+    reference.build(((None, None), (None, None)))
+    reference.set_weights(loaded.get_weights())
+    ids = np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32"), np.array([[2, 5, 6], [2, 7, 0]], "int32")
+    expected = keras.ops.convert_to_numpy(reference(ids))
+    actual = keras.ops.convert_to_numpy(converted(ids))
+    assert actual.dtype == np.float32
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+    narrow = keras.ops.convert_to_numpy(keras.ops.cast(loaded(ids), "float32"))
+    assert np.abs(narrow - expected).max() > 1e-4  # bfloat16 would not pass the check above
+    assert with_dtype_policy(converted, "float32") is converted
+
+
+def test_epoch_checkpoints_are_ordered_by_epoch_past_999(tmp_path):
+    for epoch in (999, 1000, 998, 1001, 5):
+        (tmp_path / f"epoch-{epoch:03d}.keras").write_bytes(b"")
+    (tmp_path / "epoch-best.keras").write_bytes(b"")  # not an epoch's
+    names = [os.path.basename(p) for p in epoch_checkpoints(str(tmp_path))]
+    assert names == [f"epoch-{e:03d}.keras" for e in (5, 998, 999, 1000, 1001)]
+    assert sorted(names) != names  # what a name sort would get wrong
+
+
+def test_a_checkpoint_of_unknown_classes_is_named_as_such(tmp_path):
+    @keras.saving.register_keras_serializable(package="elsewhere")
+    class Unknown(keras.layers.Layer):
+        pass
+
+    model = keras.Sequential([keras.Input((3,)), Unknown()])
+    model.save(tmp_path / "other.keras")
+    del keras.saving.get_custom_objects()["elsewhere>Unknown"]
+    with pytest.raises(CheckpointError, match="holds a model of classes this package does not"):
+        load_checkpoint(str(tmp_path / "other.keras"))
 
 
 def test_average_refuses_different_architectures(tmp_path):

@@ -87,6 +87,13 @@ def select(attention, layer="all", head="all"):
     return panels, [[f"layer {i}, head {h}" for h in heads] for i in layers]
 
 
+def image_formats():
+    """The file extensions `plot` can write (matplotlib's, lower case, without the dot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the "Agg" backend used here
+
+    return set(FigureCanvasAgg.get_supported_filetypes())
+
+
 def figure_size(rows, cols, target_length, source_length):
     """Figure size in pixels `(width, height)` for a grid of panels."""
     width = cols * (source_length * CELL_INCHES + MARGIN_INCHES)

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, DataError
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -40,6 +40,7 @@ def run_files(args):
 
     Raises:
         ConfigError: naming the file that does not exist.
+        DataError: the SentencePiece file is not a SentencePiece model.
     """
     run_dir = args.run_dir or ""
     model_path = args.model or os.path.join(run_dir, "model.keras")
@@ -49,6 +50,12 @@ def run_files(args):
             raise ConfigError(
                 f"{label} not found: {path} (give --run-dir or --model/--sentencepiece)"
             )
+    import sentencepiece
+
+    try:  # milliseconds: the file is read before any model is
+        sentencepiece.SentencePieceProcessor(model_file=spm_path)
+    except (RuntimeError, OSError) as error:
+        raise DataError(f"{spm_path} is not a SentencePiece model ({error})") from None
     return model_path, spm_path
 
 

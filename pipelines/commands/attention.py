@@ -14,10 +14,12 @@ import sys
 
 from pipelines.commands import run
 from pipelines.commands.arguments import add_run_arguments, command_parser, run_files
+from pipelines.errors import ConfigError
 from pipelines.files import atomic_output, prepare_output_file
 
 
 def _draw(args):
+    import numpy as np
     import sentencepiece as spm
 
     from pipelines import visualization
@@ -25,13 +27,21 @@ def _draw(args):
 
     model_path, spm_path = run_files(args)
     prepare_output_file(args.output, "--output")
+    suffix = os.path.splitext(args.output)[1]
+    formats = visualization.image_formats()
+    if suffix[1:].lower() not in formats:
+        raise ConfigError(
+            f"--output {args.output}: not an image file matplotlib writes (its extension "
+            f"must be one of {', '.join(sorted(formats))})"
+        )
     model = load_checkpoint(model_path)
+    # --layer and --head against the model's shape before the decoding they select from.
+    visualization.select(np.zeros((model.num_layers, model.num_heads, 1, 1)), args.layer, args.head)
     processor = spm.SentencePieceProcessor(model_file=spm_path)
     attention, source_pieces, target_pieces = visualization.attention_maps(
         model, processor, args.source, args.target
     )
     panels, titles = visualization.select(attention, args.layer, args.head)
-    suffix = os.path.splitext(args.output)[1]
     with atomic_output(args.output, suffix) as staging:
         width, height = visualization.plot(panels, titles, source_pieces, target_pieces, staging)
     print(f"{args.output}: {width}x{height} pixels, target: {''.join(target_pieces[:-1])}")

@@ -16,7 +16,7 @@ from pipelines.commands.arguments import (
     max_source_length,
     run_files,
 )
-from pipelines.errors import ExportError, UsageError
+from pipelines.errors import ConfigError, ExportError, UsageError
 from pipelines.files import prepare_output_folder
 
 
@@ -36,8 +36,16 @@ def _convert(args):
         raise UsageError(
             'CTranslate2 is not installed: pip install "keras-transformer[ctranslate2]"'
         ) from None
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
     from pipelines.serving.ctranslate2 import convert
     from pipelines.training.checkpoints import load_checkpoint
+
+    if args.quantization is not None and args.quantization not in ACCEPTED_MODEL_TYPES:
+        raise ConfigError(
+            f"--quantization must be one of {', '.join(ACCEPTED_MODEL_TYPES)}. "
+            f"Received: {args.quantization}"
+        )
 
     model_path, spm_path = run_files(args)
     max_length = max_source_length(args)

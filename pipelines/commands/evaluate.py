@@ -27,6 +27,8 @@ def _evaluate(args):
             f"{args.hypotheses} has {len(hypotheses)} lines but {args.references} has "
             f"{len(references)}"
         )
+    if not references:
+        raise DataError(f"{args.references} has no lines to score against")
     scores = score(hypotheses, references, args.lowercase)
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")

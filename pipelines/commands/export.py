@@ -65,6 +65,13 @@ def _parse(argv, prog):
 
 
 def _export(args):
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ConfigError(
+            "kt export writes a TensorFlow graph and needs KERAS_BACKEND=tensorflow, not "
+            f"{keras.backend.backend()}"
+        )
     model_path, spm_path = run_files(args)
     max_length = max_source_length(args)
     from pipelines.training.recorded import run_decoding, run_tree_words
@@ -78,6 +85,8 @@ def _export(args):
         raise ConfigError(f"--extra-length must be positive. Received: {args.extra_length}")
     if args.beam_size < 1:
         raise ConfigError(f"--beam-size must be positive. Received: {args.beam_size}")
+    if not args.alpha >= 0:
+        raise ConfigError(f"--alpha must be 0 or positive. Received: {args.alpha}")
     if args.nbest is None:
         args.nbest = min(4, args.beam_size)
     if not 1 <= args.nbest <= args.beam_size:

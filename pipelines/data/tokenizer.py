@@ -151,6 +151,12 @@ def check_special_ids(model, model_path):
         model_path: str, the SentencePiece model it was trained with.
     """
     expected = special_ids(model_path)
+    missing = [name for name in expected if not hasattr(model, name)]
+    if missing:
+        raise DataError(
+            f"the model has no {missing[0]}: not a keras_transformer Transformer "
+            f"({type(model).__name__})"
+        )
     found = {name: getattr(model, name) for name in expected}
     if found != expected:
         raise DataError(

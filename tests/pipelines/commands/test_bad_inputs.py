@@ -32,8 +32,20 @@ def no_work(monkeypatch):
     monkeypatch.setattr(run, "run_training", refuse)
 
 
+@pytest.fixture(scope="module")
+def sentencepiece_bytes(tmp_path_factory):
+    """A small SentencePiece model's bytes, trained once for the module."""
+    from pipelines.data.default_corpus import generate_pairs
+    from pipelines.data.tokenizer import train_sentencepiece
+
+    path = tmp_path_factory.mktemp("spm") / "sentencepiece.model"
+    pairs = generate_pairs(200, seed=0)
+    train_sentencepiece([text for pair in pairs for text in pair], str(path), 100)
+    return path.read_bytes()
+
+
 @pytest.fixture
-def files(tmp_path):
+def files(tmp_path, sentencepiece_bytes):
     """A folder of inputs: text, a run folder, a file standing where a folder must be."""
     (tmp_path / "in.en").write_text("a\nb\n")
     (tmp_path / "ref.de").write_text("x\ny\n")
@@ -43,7 +55,8 @@ def files(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "model.keras").write_bytes(GOOD)
-    (run_dir / "sentencepiece.model").write_bytes(b"spm")
+    (run_dir / "sentencepiece.model").write_bytes(sentencepiece_bytes)
+    (tmp_path / "empty.txt").write_text("")
     models = tmp_path / "models" / "m"
     (models / "1").mkdir(parents=True)
     (models / "1" / "saved_model.pb").write_bytes(b"pb")
@@ -96,6 +109,20 @@ CASES = [
     ("ct2-export: output exists",
      "ct2-export --run-dir {t}/run --max-source-length 16 --output {t}/ct2",
      "--output: {t}/ct2 exists; pass --force", []),
+    ("export: negative alpha",
+     "export --run-dir {t}/run --max-source-length 16 --base {t}/models --name m --alpha -1",
+     "--alpha must be 0 or positive. Received: -1.0", []),
+    ("export: not a SentencePiece model",
+     "export --model {t}/kept.keras --sentencepiece {t}/in.en --max-source-length 16 "
+     "--base {t}/models --name m", "{t}/in.en is not a SentencePiece model", []),
+    ("ct2-export: unknown quantization",
+     "ct2-export --run-dir {t}/run --max-source-length 16 --output {t}/new --quantization int3",
+     "--quantization must be one of int8, ", ["new"]),
+    ("evaluate: no lines", "evaluate --hypotheses {t}/empty.txt --references {t}/empty.txt",
+     "{t}/empty.txt has no lines to score against", []),
+    ("attention: not an image file",
+     "attention --run-dir {t}/run --source a --output {t}/a.pngg",
+     "--output {t}/a.pngg: not an image file matplotlib writes", ["a.pngg"]),
     ("train: output folder cannot be created",
      "train --output-dir {t}/a_file/run", "output_dir: cannot create the folder", []),
     ("train: wrong type", "train --set steps=abc", "steps must be an integer", []),
@@ -131,6 +158,19 @@ def test_bad_input_is_one_error_line_before_any_work(
     after = sorted(str(p.relative_to(files)) for p in files.rglob("*"))
     assert after == before
     assert (files / "kept.keras").read_bytes() == GOOD
+
+
+def test_export_on_another_keras_backend_is_refused_before_any_work(
+    files, no_work, capsys, monkeypatch
+):
+    monkeypatch.setattr(checkpoints.keras.backend, "backend", lambda: "jax")
+    argv = ["export", "--run-dir", str(files / "run"), "--max-source-length", "16",
+            "--base", str(files / "models"), "--name", "other"]  # fmt: skip
+    assert exit_status(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: kt export writes a TensorFlow graph and needs KERAS_BACKEND=tensorflow, not jax"
+    )
+    assert not (files / "models" / "other").exists()
 
 
 def test_a_corrupt_checkpoint_is_called_corrupt_not_missing(files, capsys):
@@ -299,6 +339,25 @@ def test_a_killed_run_with_alignments_resumes_both_files(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["in.en", "out.align", "out.de", "saved_model.pb"]
 
 
+def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch, capsys):
+    """Resuming the alignments would leave stdout without the lines done before the kill."""
+    (tmp_path / "in.en").write_text("a b\nc\nd e f\n")
+    alignments = tmp_path / "out.align"
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--alignments", str(alignments), "--batch-size", "2"]  # fmt: skip
+    fake_translator(monkeypatch, [], die_after=1)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    assert capsys.readouterr().out == "A B\nC\n"
+    assert (tmp_path / "out.align.partial").read_text() == "0-0 1-1\n0-0\n"
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv) == 0
+    assert calls == [2, 1]  # everything again
+    assert capsys.readouterr().out == "A B\nC\nD E F\n"
+    assert alignments.read_text() == "0-0 1-1\n0-0\n0-0 1-1 2-2\n"
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -307,6 +366,7 @@ def test_a_killed_run_with_alignments_resumes_both_files(tmp_path, monkeypatch):
         (["--sampling-topk", "-1"], "--sampling-topk must be 0 (no cut) or positive. Received: -1"),
         (["--sampling-temperature", "0"], "--sampling-temperature must be positive. Received: 0.0"),
         (["--num-samples", "0"], "--num-samples must be positive. Received: 0"),
+        (["--alpha", "-0.5"], "--alpha must be 0 or positive. Received: -0.5"),
         (["--seed", "1"], "--seed applies to sampling only (--sampling-*, --num-samples)"),
         (["--num-samples", "2", "--seed", "-1"], "--seed must be 0 or positive. Received: -1"),
         (["--num-samples", "2", "--beam-size", "4"],

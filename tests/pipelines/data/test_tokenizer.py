@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from pipelines.data.default_corpus import generate_pairs
 from pipelines.data.tokenizer import (
+    check_special_ids,
     frequent_words,
     load_tokenizer,
     train_sentencepiece,
@@ -25,6 +26,15 @@ def test_special_ids_match_the_model_defaults(model_path):
     processor = spm.SentencePieceProcessor(model_file=model_path)
     assert [processor.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
     assert vocabulary_size(model_path) == 300
+
+
+def test_a_model_is_checked_against_the_vocabularys_special_ids(model_path):
+    ids = collections.namedtuple("Ids", "pad_id bos_id eos_id")
+    check_special_ids(ids(0, 2, 3), model_path)  # the vocabulary's: no error
+    with pytest.raises(DataError, match="special ids .* differ from those of"):
+        check_special_ids(ids(0, 1, 2), model_path)
+    with pytest.raises(DataError, match="the model has no pad_id: not a keras_transformer"):
+        check_special_ids(object(), model_path)
 
 
 def test_in_graph_tokenizer_equals_sentencepiece(model_path):

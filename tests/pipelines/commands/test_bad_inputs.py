@@ -271,19 +271,29 @@ def test_a_killed_translation_resumes_where_it_stopped(tmp_path, monkeypatch, ca
     assert sorted(os.listdir(output.parent)) == ["out.de"]
 
 
+def killed_after(monkeypatch, argv, batches):
+    """Runs `kt ARGV` with the fake translator until it is killed after `batches` batches."""
+    fake_translator(monkeypatch, [], die_after=batches)
+    with pytest.raises(Killed):
+        cli.main(argv)
+
+
+def rerun(monkeypatch, argv):
+    """Runs `kt ARGV` again to its end; returns the sizes of the batches it translated."""
+    calls = []
+    fake_translator(monkeypatch, calls)
+    assert cli.main(argv) == 0
+    return calls
+
+
 def test_a_partial_translation_of_another_input_is_started_over(tmp_path, monkeypatch):
     (tmp_path / "in.en").write_text("a\nb\nc\n")
     output = tmp_path / "out.de"
     argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
             "--output", str(output), "--batch-size", "2"]  # fmt: skip
-    fake_translator(monkeypatch, [], die_after=1)
-    with pytest.raises(Killed):
-        cli.main(argv)
+    killed_after(monkeypatch, argv, 1)
     (tmp_path / "in.en").write_text("x\ny\nz\n")
-    calls = []
-    fake_translator(monkeypatch, calls)
-    assert cli.main(argv) == 0
-    assert calls == [2, 1] and output.read_text() == "X\nY\nZ\n"
+    assert rerun(monkeypatch, argv) == [2, 1] and output.read_text() == "X\nY\nZ\n"
 
 
 def test_translation_to_stdout_writes_each_batch_as_it_ends(tmp_path, monkeypatch, capsys):
@@ -345,15 +355,10 @@ def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch
     alignments = tmp_path / "out.align"
     argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
             "--alignments", str(alignments), "--batch-size", "2"]  # fmt: skip
-    fake_translator(monkeypatch, [], die_after=1)
-    with pytest.raises(Killed):
-        cli.main(argv)
+    killed_after(monkeypatch, argv, 1)
     assert capsys.readouterr().out == "A B\nC\n"
     assert (tmp_path / "out.align.partial").read_text() == "0-0 1-1\n0-0\n"
-    calls = []
-    fake_translator(monkeypatch, calls)
-    assert cli.main(argv) == 0
-    assert calls == [2, 1]  # everything again
+    assert rerun(monkeypatch, argv) == [2, 1]  # everything again
     assert capsys.readouterr().out == "A B\nC\nD E F\n"
     assert alignments.read_text() == "0-0 1-1\n0-0\n0-0 1-1 2-2\n"
 

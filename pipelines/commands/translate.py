@@ -138,6 +138,12 @@ def _check_prefixes(args, version, lines, prefixes, source_name, settings):
             )
 
 
+def _keep_export_settings(args, exported):
+    """Sets `--beam-size` or `--alpha`, the one not given, to the export's (`exported`)."""
+    args.beam_size = exported["beam_size"] if args.beam_size is None else args.beam_size
+    args.alpha = exported["alpha"] if args.alpha is None else args.alpha
+
+
 def _translate(args):
     sampling = _check_settings(args)
     for flag, path in (("--input", args.input), ("--prefix-file", args.prefix_file)):
@@ -181,10 +187,8 @@ def _translate(args):
     elif name == "align":
         prefixes = [b""] * len(lines)
     samples = args.num_samples or 1
-    if name == "translate":  # the flag not given keeps the export's setting
-        exported = client.export_settings(version)
-        args.beam_size = exported["beam_size"] if args.beam_size is None else args.beam_size
-        args.alpha = exported["alpha"] if args.alpha is None else args.alpha
+    if name == "translate":
+        _keep_export_settings(args, client.export_settings(version))
     with contextlib.ExitStack() as stack:
         done, out, alignments = 0, sys.stdout, None
         if args.output or args.alignments:

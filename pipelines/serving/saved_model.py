@@ -84,8 +84,7 @@ class Translator(tf.Module):
     fails with "Could not find variable".
 
     Args:
-        model: a trained `Transformer`. One trained under mixed precision is
-            exported computing in float32 (`checkpoints.with_dtype_policy`).
+        model: a trained `Transformer`; exported computing in float32 (`with_dtype_policy`).
         sentencepiece_path: str, the SentencePiece model used in training.
         max_source_length: int, source ids kept per sentence (EOS included).
         beam_size: int, beam size of `serving_default` and `nbest`.
@@ -122,8 +121,7 @@ class Translator(tf.Module):
         self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
-        model = with_dtype_policy(model, "float32")
-        check_special_ids(model, sentencepiece_path)
+        model = _checked_float32(model, sentencepiece_path)
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
@@ -196,6 +194,12 @@ class Translator(tf.Module):
             "align": self.align,
             "sample": self.sample,
         }
+
+
+def _checked_float32(model, sentencepiece_path):
+    """`model` computing in float32, its special ids checked against the vocabulary's."""
+    check_special_ids(model, sentencepiece_path)
+    return with_dtype_policy(model, "float32")
 
 
 def _constraint(sentencepiece_path, eos_id, tree_constraint, copy_words):

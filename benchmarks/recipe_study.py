@@ -127,7 +127,8 @@ def main(argv=None):
             continue
         run = os.path.abspath(os.path.join(args.output_dir, name))
         flags = ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run]
-        flags += ["--max-minutes", str(args.minutes)]
+        # The study scores val itself: the run decodes no held-out split at its end.
+        flags += ["--max-minutes", str(args.minutes), "--set", "output.heldout_split=none"]
         flags += [item for setting in settings for item in ("--set", setting)]
         seconds = run_stage(f"Variant {name}", "train", flags, env)
         with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:

@@ -157,6 +157,11 @@ class OutputConfig:
     early_stopping_patience: int | None = setting(None, "epochs without a better val_loss", low=1)
     average_last: int = setting(1, "epoch checkpoints averaged into model.keras", low=1)
     average_share: float = setting(0.0, "or this share of them, if more", low=0.0, high=1.0)
+    heldout_split: str = setting(
+        "test",
+        "split the end-of-run greedy evaluation decodes (test: validation if there is none)",
+        choices=("test", "validation", "none"),
+    )
 
 
 @dataclasses.dataclass

@@ -14,24 +14,20 @@ import tensorflow as tf
 import keras_transformer as kt
 from pipelines.data import batching, corpus, default_corpus, tokenizer
 from pipelines.errors import ConfigError, DataError
-from pipelines.evaluation import score, translate
 from pipelines.files import atomic_output, atomic_text, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import (
-    bracket_constraint,
-    parse_scores,
     tags_path,
     target_tokens,
     treebank_pairs,
-    vocabulary_tags,
 )
 from pipelines.training.checkpoints import (
     average_checkpoints,
     checkpoints_to_average,
     epoch_checkpoints,
     repair_backup,
-    with_dtype_policy,
 )
+from pipelines.training.heldout import heldout_pairs, heldout_scores, is_parser, tree_words
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -118,11 +114,6 @@ def _sentences(pairs, limit=1_000_000):
         yield target
 
 
-def _tree_words(config):
-    """Whether the run's targets are trees that write each word before its tag."""
-    return _parser(config) and config.data.treebank_words
-
-
 def _train_vocabulary(config, pairs, spm_path):
     """Trains the run's SentencePiece vocabulary on `pairs`, writing `spm_path`.
 
@@ -141,8 +132,8 @@ def _train_vocabulary(config, pairs, spm_path):
         sample = list(_sentences(pairs, limit=100_000))
         sample = list(zip(sample[::2], sample[1::2], strict=True))
     tokens = []
-    if batching.whole_target_tokens or (batching.whole_source_words and _parser(config)):
-        tokens = target_tokens(sample, _tree_words(config))
+    if batching.whole_target_tokens or (batching.whole_source_words and is_parser(config)):
+        tokens = target_tokens(sample, tree_words(config))
     if batching.whole_target_tokens and len(tokens) >= batching.vocabulary_size // 2:
         raise DataError(
             f"whole_target_tokens: the targets have {len(tokens)} distinct tokens, too many for "
@@ -158,7 +149,7 @@ def _train_vocabulary(config, pairs, spm_path):
             f"still have pieces). Received: whole_source_words={batching.whole_source_words}"
         )
     listed = tags_path(spm_path)
-    if words and _parser(config):  # the tags are told apart from the source words kept whole
+    if words and is_parser(config):  # the tags are told apart from the source words kept whole
         with atomic_text(listed) as handle:
             handle.writelines(f"{tag}\n" for tag in sorted(trees.word_tags(tokens)))
     elif os.path.exists(listed):  # left by an earlier attempt with other settings
@@ -171,11 +162,6 @@ def _train_vocabulary(config, pairs, spm_path):
         seed=config.optimization.seed,
         whole_tokens=whole,
     )
-
-
-def _parser(config):
-    """Whether the run trains a parser (targets are linearised trees)."""
-    return config.data.corpus == "ptb"
 
 
 def _callbacks(config, out_dir, is_chief, clock, schedule):
@@ -434,7 +420,6 @@ def run_training(config):
 def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):
     model = trainer.model
     spm_path = os.path.join(out_dir, "sentencepiece.model")
-    tok = tokenizer.load_tokenizer(spm_path)
     checkpoints = epoch_checkpoints(os.path.join(out_dir, "checkpoints"))
     model_path = os.path.join(out_dir, "model.keras")
     chosen = checkpoints_to_average(checkpoints, config.output)
@@ -452,45 +437,9 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
         "model": model_path,
         "sentencepiece_model": spm_path,
     }
-    evaluation = test_pairs if test_pairs is not None else validation_pairs
+    evaluation, split = heldout_pairs(config, validation_pairs, test_pairs)
     if isinstance(evaluation, list) and evaluation:
-        sources = [s for s, _ in evaluation]
-        # The held-out pairs as files, for `pipelines.translate` and `pipelines.evaluate`.
-        for name, texts in (
-            ("heldout.source", sources),
-            ("heldout.target", [t for _, t in evaluation]),
-        ):
-            with atomic_text(os.path.join(out_dir, name)) as handle:
-                handle.writelines(f"{text}\n" for text in texts)
-        constraint = None
-        if config.decoding.tree_constraint:
-            constraint = bracket_constraint(spm_path, model.eos_id, _tree_words(config))
-        hypotheses = translate(
-            with_dtype_policy(model, "float32"),  # as `kt export` decodes a mixed-precision run
-            tok,
-            sources,
-            max_source_length=config.batching.max_length,
-            extra_length=config.decoding.extra_length,
-            constraint=constraint,
-        )
-        if _parser(config):  # parses: labelled F1 against the gold trees
-            split = "test" if test_pairs is not None else "dev"
-            _, gold = treebank_pairs(config.data.treebank_dir, split)
-            # The tags the vocabulary keeps whole, as `kt parse` reads them from an export.
-            tags = vocabulary_tags(spm_path)
-            scores = parse_scores(hypotheses, gold, tags, _tree_words(config))
-            result["greedy_parse"] = {"split": split, **scores}
-            with atomic_text(os.path.join(out_dir, "heldout.trees")) as handle:
-                handle.writelines(f"{trees.to_bracketed(tree)}\n" for tree in gold)
-        else:
-            scores = score(hypotheses, [t for _, t in evaluation])
-            result.update(
-                {"greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]}
-            )
-        result["examples"] = [
-            {"source": s, "translation": h, "reference": t}
-            for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]
-        ]
+        result.update(heldout_scores(config, out_dir, model, evaluation, split))
     # This process's wall-clock time to the end of training, and with evaluation included
     # (not earlier runs resumed from).
     result["training_seconds"] = round(seconds["trained"], 1)

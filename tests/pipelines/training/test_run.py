@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines.commands.train import main
+from pipelines.data.default_corpus import default_corpus
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed
 
@@ -78,6 +79,9 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     ]
     assert len(result["history"]["loss"]) == 2 and "val_loss" in result["history"]
     assert "greedy_bleu" in result and len(result["examples"]) == 5
+    assert result["heldout_split"] == "test"
+    test_sources = [s for s, _ in default_corpus([1500, 40, 40])["test"]]
+    assert (tmp_path / "run" / "heldout.source").read_text().splitlines() == test_sources
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["optimization"]["steps"] == 4 and config["model"]["hidden_dim"] == 32
     # Stdout is not a terminal here: one plain line an epoch, no bar.
@@ -93,6 +97,22 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     assert model.hidden_dim == 32 and model.vocabulary_size == 200
     events = os.listdir(os.path.join(out, "logs", "train"))
     assert any(name.startswith("events.out.tfevents") for name in events)
+
+
+@pytest.mark.parametrize("split", ["validation", "none"])
+def test_heldout_split_chooses_what_the_run_decodes_at_its_end(tmp_path, split):
+    out = tmp_path / "run"
+    args = ["--output-dir", str(out), "--steps", "2", "--set", f"output.heldout_split={split}"]
+    assert main(args + TINY) == 0
+    result = json.loads((out / "result.json").read_text())
+    if split == "none":  # a study that scores its own way touches no held-out split
+        assert "greedy_bleu" not in result and "heldout_split" not in result
+        assert not (out / "heldout.source").exists()
+        return
+    assert result["heldout_split"] == "validation" and "greedy_bleu" in result
+    validation = default_corpus([1500, 40, 40])["validation"]
+    assert (out / "heldout.source").read_text().splitlines() == [s for s, _ in validation]
+    assert (out / "heldout.target").read_text().splitlines() == [t for _, t in validation]
 
 
 @pytest.mark.slow

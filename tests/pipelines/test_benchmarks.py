@@ -15,6 +15,7 @@ from benchmarks import (
     decoding,
     decoding_ops,
     decoding_profile,
+    gpu_recipe_study,
     gpu_training,
     multi30k_recipe,
     pipeline_efficiency,
@@ -285,6 +286,36 @@ def test_gpu_training_batches_look_like_the_pipelines():
     )
     assert np.all(np.sum(source != 0, axis=1) >= 32) and 0.7 < np.mean(source != 0) < 0.8
     assert source[source != 0].min() >= 4 and source.max() < 37000
+
+
+def test_gpu_study_batches_hold_each_pair_once_a_pass_in_its_smallest_bucket():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 60, size=(300, 2))
+    sources = [rng.integers(4, 50, s).astype("int32") for s, _ in lengths]
+    targets = [
+        np.concatenate([[1], rng.integers(4, 50, t), [2]]).astype("int32") for _, t in lengths
+    ]
+    stream = gpu_recipe_study.Batches(sources, targets, 256, 64, seed=3, pad_id=0, ratio=2.0)
+    assert stream.bounds == [8, 16, 32, 64]
+    seen = []
+    for bucket, indices in stream.plan(0):
+        (source, target_in), target_out = stream.batch(bucket, indices)
+        bound = stream.bounds[bucket]
+        assert source.shape == (256 // bound, bound) == target_in.shape == target_out.shape
+        for row, index in enumerate(indices):
+            real, steps = len(sources[index]), len(targets[index]) - 1
+            assert bound == min(b for b in stream.bounds if b >= max(real, steps))
+            np.testing.assert_array_equal(source[row, :real], sources[index])
+            np.testing.assert_array_equal(target_in[row, :steps], targets[index][:-1])
+            np.testing.assert_array_equal(target_out[row, :steps], targets[index][1:])
+            assert not (source[row, real:].any() or target_out[row, steps:].any())
+        for ids in (source, target_in, target_out):
+            assert not ids[len(indices) :].any()  # padding rows hold no token
+        seen += list(indices)
+    assert sorted(seen) == list(range(300))
+    assert [i.tolist() for _, i in stream.plan(1)] != [i.tolist() for _, i in stream.plan(0)]
+    with pytest.raises(ValueError, match="above max_length 32"):
+        gpu_recipe_study.Batches(sources, targets, 256, 32, seed=3, pad_id=0, ratio=2.0)
 
 
 def test_gpu_profile_kinds_name_the_kernels_that_matter():

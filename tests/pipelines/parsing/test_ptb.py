@@ -51,6 +51,18 @@ def ptb_run(tmp_path_factory):
     return root, treebank, out
 
 
+def test_heldout_split_validation_parses_dev_where_test_files_exist(tmp_path):
+    treebank = write_treebank(tmp_path / "treebank", files=((1, 60), (142, 12), (173, 8)))
+    out = str(tmp_path / "run")
+    flags = ["--treebank-dir", treebank, "--output-dir", out, "--heldout-split", "validation"]
+    assert train.main(["--recipe", "ptb", *flags, *TINY]) == 0
+    with open(os.path.join(out, "result.json"), encoding="utf-8") as handle:
+        result = json.load(handle)
+    assert result["greedy_parse"]["split"] == "dev" and result["heldout_split"] == "validation"
+    gold = [read_bracketed(line) for line in open(os.path.join(out, "heldout.trees"))]
+    assert gold == read_trees(treebank, "dev") != read_trees(treebank, "test")
+
+
 def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
     _, treebank, out = ptb_run
     with open(os.path.join(out, "result.json"), encoding="utf-8") as handle:

@@ -31,6 +31,15 @@ def heldout_pairs(config, validation_pairs, test_pairs):
     `split` is "test" or "validation"; pairs are None for "none". A study
     that chooses settings on validation sets "validation", so its runs never
     decode the test split.
+
+    Args:
+        config: the run's `TrainConfig`.
+        validation_pairs: list of `(source, target)` str pairs, a
+            `tf.data.Dataset` of them, or None.
+        test_pairs: the same for the test split, or None (no test split).
+
+    Returns:
+        `(pairs or None, str)`.
     """
     chosen = config.output.heldout_split
     if chosen == "test" and test_pairs is not None:
@@ -43,6 +52,17 @@ def heldout_scores(config, out_dir, model, evaluation, split):
 
     Also writes them as `heldout.source` and `heldout.target` (and a
     parser's gold `heldout.trees`), for `kt translate` and `kt evaluate`.
+
+    Args:
+        config: the run's `TrainConfig`.
+        out_dir: str, the run's folder (with its `sentencepiece.model`).
+        model: the trained `Transformer` (computing in float32 for the decode).
+        evaluation: list of `(source, target)` str pairs.
+        split: str, "test" or "validation", as `heldout_pairs` names it.
+
+    Returns:
+        dict: `heldout_split`, `greedy_bleu` and `bleu_signature` (a
+        parser: `greedy_parse`), and five `examples`.
     """
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     sources, targets = [s for s, _ in evaluation], [t for _, t in evaluation]

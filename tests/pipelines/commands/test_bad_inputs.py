@@ -245,32 +245,6 @@ def fake_translator(monkeypatch, calls, die_after=None):
     monkeypatch.setattr(client, "call_in_batches", call_in_batches)
 
 
-def test_a_killed_translation_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
-    lines = [f"sentence {i}" for i in range(10)]
-    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
-    output = tmp_path / "out" / "out.de"  # its folder does not exist yet
-    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
-            "--output", str(output), "--batch-size", "3"]  # fmt: skip
-    calls = []
-    fake_translator(monkeypatch, calls, die_after=2)
-    with pytest.raises(Killed):
-        cli.main(argv)
-    # Two batches were done and kept, in input order; the output has no name yet.
-    partial = output.parent / "out.de.partial"
-    assert partial.read_text().splitlines() == [line.upper() for line in lines[:6]]
-    assert not output.exists()
-    # A line cut by the kill is translated again.
-    with open(partial, "a") as handle:
-        handle.write("SENT")
-    calls = []
-    fake_translator(monkeypatch, calls)
-    assert cli.main(argv) == 0
-    assert calls == [3, 1]  # only what was left
-    assert output.read_text().splitlines() == [line.upper() for line in lines]
-    assert "resuming after 6 lines" in capsys.readouterr().err
-    assert sorted(os.listdir(output.parent)) == ["out.de"]
-
-
 def killed_after(monkeypatch, argv, batches):
     """Runs `kt ARGV` with the fake translator until it is killed after `batches` batches."""
     fake_translator(monkeypatch, [], die_after=batches)
@@ -286,6 +260,26 @@ def rerun(monkeypatch, argv):
     return calls
 
 
+def test_a_killed_translation_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    lines = [f"sentence {i}" for i in range(10)]
+    (tmp_path / "in.en").write_text("\n".join(lines) + "\n")
+    output = tmp_path / "out" / "out.de"  # its folder does not exist yet
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--output", str(output), "--batch-size", "3"]  # fmt: skip
+    killed_after(monkeypatch, argv, 2)
+    # Two batches were done and kept, in input order; the output has no name yet.
+    partial = output.parent / "out.de.partial"
+    assert partial.read_text().splitlines() == [line.upper() for line in lines[:6]]
+    assert not output.exists()
+    # A line cut by the kill is translated again.
+    with open(partial, "a") as handle:
+        handle.write("SENT")
+    assert rerun(monkeypatch, argv) == [3, 1]  # only what was left
+    assert output.read_text().splitlines() == [line.upper() for line in lines]
+    assert "resuming after 6 lines" in capsys.readouterr().err
+    assert sorted(os.listdir(output.parent)) == ["out.de"]
+
+
 def test_a_partial_translation_of_another_input_is_started_over(tmp_path, monkeypatch):
     (tmp_path / "in.en").write_text("a\nb\nc\n")
     output = tmp_path / "out.de"
@@ -298,10 +292,8 @@ def test_a_partial_translation_of_another_input_is_started_over(tmp_path, monkey
 
 def test_translation_to_stdout_writes_each_batch_as_it_ends(tmp_path, monkeypatch, capsys):
     (tmp_path / "in.en").write_text("a\nb\nc\n")
-    fake_translator(monkeypatch, [], die_after=1)
     argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en")]
-    with pytest.raises(Killed):
-        cli.main(argv + ["--batch-size", "2"])
+    killed_after(monkeypatch, argv + ["--batch-size", "2"], 1)
     assert capsys.readouterr().out == "A\nB\n"
 
 
@@ -317,16 +309,12 @@ def test_a_killed_sampling_run_resumes_to_the_samples_of_an_unbroken_run(
     whole = (tmp_path / "whole.txt").read_text().splitlines()
     assert len(whole) == 14 and whole[0].startswith("LINE 0 ") and whole[2].startswith("LINE 1 ")
     assert len(set(whole)) == 14  # every sample its own seed
-    calls = []
-    fake_translator(monkeypatch, calls, die_after=2)  # two input lines a call
-    with pytest.raises(Killed):
-        cli.main(argv + ["--output", str(tmp_path / "broken.txt")])
+    broken = argv + ["--output", str(tmp_path / "broken.txt")]
+    killed_after(monkeypatch, broken, 2)  # two input lines a call
     with open(tmp_path / "broken.txt.partial", "a") as handle:
         handle.write("LINE 4 123\n")  # one of line 4's two samples: line 4 is redone
-    calls = []
-    fake_translator(monkeypatch, calls)
-    assert cli.main(argv + ["--output", str(tmp_path / "broken.txt")]) == 0
-    assert calls == [4, 2] and "resuming after 4 lines" in capsys.readouterr().err
+    assert rerun(monkeypatch, broken) == [4, 2]
+    assert "resuming after 4 lines" in capsys.readouterr().err
     assert (tmp_path / "broken.txt").read_text().splitlines() == whole
 
 
@@ -336,14 +324,9 @@ def test_a_killed_run_with_alignments_resumes_both_files(tmp_path, monkeypatch):
     argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
             "--output", str(output), "--alignments", str(alignments),
             "--batch-size", "2"]  # fmt: skip
-    fake_translator(monkeypatch, [], die_after=1)
-    with pytest.raises(Killed):
-        cli.main(argv)
+    killed_after(monkeypatch, argv, 1)
     assert (tmp_path / "out.align.partial").read_text() == "0-0 1-1\n0-0\n"
-    calls = []
-    fake_translator(monkeypatch, calls)
-    assert cli.main(argv) == 0
-    assert calls == [1]
+    assert rerun(monkeypatch, argv) == [1]
     assert output.read_text() == "A B\nC\nD E F\n"
     assert alignments.read_text() == "0-0 1-1\n0-0\n0-0 1-1 2-2\n"
     assert sorted(os.listdir(tmp_path)) == ["in.en", "out.align", "out.de", "saved_model.pb"]

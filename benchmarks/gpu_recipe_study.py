@@ -109,6 +109,7 @@ class Batches:
 
     def __init__(self, sources, targets, batch_tokens, max_length, seed, pad_id, ratio):
         self.sources, self.targets, self.pad_id = sources, targets, pad_id
+        # `batching.bucket_bounds`'s rule; that module needs TensorFlow, absent on the GPU machine.
         self.bounds, bound = [], 8
         while bound < max_length:
             self.bounds.append(bound)
@@ -313,6 +314,7 @@ def train(args):
     _pipelines_without_tensorflow()
     import sentencepiece as spm
 
+    from pipelines.training.checkpoints import checkpoints_to_average
     from pipelines.training.config import load_config
 
     settings = dict(item.split("=", 1) for item in args.set)
@@ -335,8 +337,9 @@ def train(args):
     val = Fixed([val.batch(bucket, indices) for bucket, indices in val.plan(0)])
     trainer = _build(config, processor.get_piece_size(), special, args.steps)
     epochs = math.ceil(args.steps / opt.steps_per_epoch)
-    share = math.ceil(round(config.output.average_share * epochs, 6))  # as `kt train`
-    average = _averaging(trainer.model, epochs - max(config.output.average_last, share) + 1)
+    # The epochs whose weights `kt train` would average, by the same rule.
+    averaged = checkpoints_to_average(list(range(1, epochs + 1)), config.output)
+    average = _averaging(trainer.model, averaged[0])
     started = time.perf_counter()
     history = trainer.fit(
         stream,

@@ -51,6 +51,8 @@ def test_bad_inputs_give_one_clear_error(tmp_path, capsys):
     assert "Multi30k folder not found" in run_main(
         capsys, "--recipe", "multi30k", "--multi30k-dir", missing, *out
     )
+    err = run_main(capsys, "--set", "output.heldout_split=dev", *out)
+    assert "heldout_split must be one of ['test', 'validation', 'none']" in err
 
 
 def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):

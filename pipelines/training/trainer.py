@@ -228,6 +228,7 @@ class TimeBudget(keras.callbacks.Callback):
     of the last epoch, its validation and checkpoint included
     (`trained_seconds`; also the attribute of that name): the time the
     budget governs, apart from what callbacks and the process do after.
+    An epoch's logs (and so the history) hold the rate as its plan left it.
 
     Args:
         minutes: float, the budget, counted from `started`.
@@ -356,6 +357,13 @@ class TimeBudget(keras.callbacks.Callback):
             )
             self._set_plan(planned)
             self._write_plan(planned, step_seconds)
+        if logs is not None and "learning_rate" in logs and self.schedule is not None:
+            # The epoch's logs read the rate before this plan (or one set at a
+            # deadline inside the epoch) moved it; the history keeps this one,
+            # as `keras.callbacks.LearningRateScheduler` does.
+            logs["learning_rate"] = float(
+                keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)
+            )
         if step >= self.total_steps:
             logger.info(
                 "Time budget of %.1f minutes: done after epoch %d", self.seconds / 60, epoch + 1

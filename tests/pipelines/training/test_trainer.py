@@ -181,9 +181,11 @@ def planned_run(step_seconds, tmp_path, minutes=3.0):
 
 
 def fit_by_the_clock(trainer, budget, on_batch_end, steps_per_epoch):
-    """Fits `trainer` on one repeated batch under `budget`; `on_batch_end` moves the clock."""
+    """Fits `trainer` on one repeated batch under `budget`; `on_batch_end` moves the clock.
+
+    Returns the fit's `keras.callbacks.History`."""
     data = tf.data.Dataset.from_tensors(make_batch(1)).repeat()
-    trainer.fit(
+    return trainer.fit(
         data,
         steps=1000,
         steps_per_epoch=steps_per_epoch,
@@ -324,12 +326,15 @@ def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):
         if int(optimizer.iterations.numpy()) >= 10:
             clock.step_seconds = 30.0
 
-    fit_by_the_clock(trainer, budget, slow_down, steps_per_epoch=8)
+    history = fit_by_the_clock(trainer, budget, slow_down, steps_per_epoch=8)
     steps = int(optimizer.iterations.numpy())
     # The step that crossed 180 s is the last: at most one step past it.
     assert 180.0 <= clock.now - 1000.0 < 180.0 + 30.0
     assert steps == schedule.total_steps == json.loads(plan.read_text())["total_steps"]
     assert float(schedule(steps)) == 0.0
+    # The last epoch's logs hold the rate the plan ended at, not the one its last step read.
+    rates = history.history["learning_rate"]
+    assert rates[-1] == 0.0 and min(rates[:-1]) > 0.0
 
 
 def test_a_first_epoch_longer_than_the_budget_ends_at_the_deadline(tmp_path):

@@ -383,10 +383,11 @@ def run_training(config):
         if worker == 0
         else os.path.join(config.output.output_dir, "workers", f"worker-{worker}")
     )
+    # The data is checked before the output folder is made: a corpus that
+    # fails to load (an unknown TFDS name) leaves nothing behind.
+    train_pairs, validation_pairs, test_pairs = load_pairs(config)
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, "config.json"), config.to_dict())
-
-    train_pairs, validation_pairs, test_pairs = load_pairs(config)
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
         _train_vocabulary(config, train_pairs, spm_path)

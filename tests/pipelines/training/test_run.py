@@ -53,6 +53,8 @@ def test_bad_inputs_give_one_clear_error(tmp_path, capsys):
     )
     err = run_main(capsys, "--set", "output.heldout_split=dev", *out)
     assert "heldout_split must be one of ['test', 'validation', 'none']" in err
+    # No bad input leaves a file behind (the folder itself is made to check it can be written).
+    assert list((tmp_path / "run").iterdir()) == []
 
 
 def test_bad_input_in_a_fresh_process_has_no_traceback(tmp_path):

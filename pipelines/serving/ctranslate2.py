@@ -213,14 +213,20 @@ class CTranslate2Translator:
         threads: int, CPU threads for one translation batch.
         compute_type: str, CTranslate2's compute type ("default" keeps the
             saved weight type).
+        inter_threads: int, batches translated at once (each with `threads`
+            threads).
     """
 
-    def __init__(self, path, threads=2, compute_type="default"):
+    def __init__(self, path, threads=2, compute_type="default", inter_threads=1):
         import ctranslate2
         import sentencepiece
 
         self.translator = ctranslate2.Translator(
-            path, device="cpu", inter_threads=1, intra_threads=threads, compute_type=compute_type
+            path,
+            device="cpu",
+            inter_threads=inter_threads,
+            intra_threads=threads,
+            compute_type=compute_type,
         )
         self.processor = sentencepiece.SentencePieceProcessor(
             model_file=os.path.join(path, "sentencepiece.model")

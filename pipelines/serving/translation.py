@@ -405,12 +405,13 @@ def score_strings(
     return scores, tf.cast(target.row_lengths(), tf.int32)
 
 
-def by_length_chunks(lengths, chunk_size, compute, outputs):
+def by_length_chunks(lengths, chunk_size, compute, outputs, parallel_chunks=1):
     """`compute` on chunks of rows of similar length, one chunk at a time, results in input order.
 
     Sorting by length keeps each chunk's padding small; one chunk at a time
     bounds memory whatever the request's size (parallel iterations would hold
-    several chunks' caches).
+    several chunks' caches, and on 2 CPU cores two chunks in flight were no
+    faster: benchmarks/README.md, "Two batches in flight").
 
     Args:
         lengths: int `(B,)`, each row's length.
@@ -419,6 +420,7 @@ def by_length_chunks(lengths, chunk_size, compute, outputs):
         outputs: list of `(dtype, element_shape)`, one for each tensor
             `compute` returns (`element_shape` leaves out nothing: `[None, N]`
             for `(C, N)`).
+        parallel_chunks: int, chunks the loop may compute at once.
 
     Returns:
         tuple of `(B, ...)` tensors, row `i` computed for row `i`.
@@ -438,7 +440,10 @@ def by_length_chunks(lengths, chunk_size, compute, outputs):
         for dtype, shape in outputs
     ]
     _, *arrays = tf.while_loop(
-        lambda chunk, *_: chunk < chunks, body, (tf.constant(0), *arrays), parallel_iterations=1
+        lambda chunk, *_: chunk < chunks,
+        body,
+        (tf.constant(0), *arrays),
+        parallel_iterations=parallel_chunks,
     )
     inverse = tf.math.invert_permutation(order)
     return tuple(tf.gather(array.concat(), inverse) for array in arrays)

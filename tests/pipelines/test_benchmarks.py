@@ -13,6 +13,7 @@ from benchmarks import (
     common,
     cpu_training_step,
     decoding,
+    decoding_concurrency,
     decoding_ops,
     decoding_profile,
     gpu_recipe_study,
@@ -114,6 +115,21 @@ def test_decoding_smoke(tiny_run, tmp_path):
     ratios = result["ratios"]
     assert ratios["cached_over_uncached_beam2"] > 0
     assert 0 <= ratios["ctranslate2_identical_to_saved_model_beam1"] <= 1
+
+
+def test_decoding_concurrency_smoke(tiny_run, tmp_path):
+    output = tmp_path / "concurrency.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1", "--beams", "2",
+            "--batch-size", "4", "--output", str(output)]  # fmt: skip
+    assert decoding_concurrency.main(argv) == 0
+    results = read(output)["results"]
+    threads = os.cpu_count() or 1
+    names = ["saved_model_chunks1", "saved_model_chunks2", f"ctranslate2_1x{threads}",
+             f"ctranslate2_2x{max(threads // 2, 1)}"]  # fmt: skip
+    assert set(results) == {f"{name}_beam2" for name in names}
+    # Chunks in flight together change no translation (each chunk is searched alone).
+    assert results["saved_model_chunks2_beam2"]["same_as_saved_model_chunks1"] == 16
 
 
 @pytest.mark.slow

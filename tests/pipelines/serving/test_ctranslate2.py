@@ -110,6 +110,10 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
         np.testing.assert_allclose(
             np.array(their_scores)[same], np.asarray(scores)[same], rtol=1e-3, atol=1e-2
         )
+    # Two batches translated at once, one thread each: the same translations, in input order.
+    at_once = CTranslate2Translator(path, threads=1, inter_threads=2)
+    expected = translator.translate(sources, 4, batch_size=4)[0]
+    assert at_once.translate(sources, 4, batch_size=4)[0] == expected
 
 
 def test_export_command_refuses_to_overwrite_and_names_missing_files(trained_run, tmp_path, capsys):

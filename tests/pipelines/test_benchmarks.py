@@ -125,11 +125,19 @@ def test_decoding_concurrency_smoke(tiny_run, tmp_path):
     assert decoding_concurrency.main(argv) == 0
     results = read(output)["results"]
     threads = os.cpu_count() or 1
-    names = ["saved_model_chunks1", "saved_model_chunks2", f"ctranslate2_1x{threads}",
+    names = ["saved_model_chunks1", "saved_model_chunks2", "saved_model_requests1",
+             "saved_model_requests2", f"ctranslate2_1x{threads}",
              f"ctranslate2_2x{max(threads // 2, 1)}"]  # fmt: skip
     assert set(results) == {f"{name}_beam2" for name in names}
-    # Chunks in flight together change no translation (each chunk is searched alone).
-    assert results["saved_model_chunks2_beam2"]["same_as_saved_model_chunks1"] == 16
+    # Chunks or requests in flight together change no translation, nor its place in the
+    # output (each batch is searched alone).
+    for name in names[1:4]:
+        assert results[f"{name}_beam2"]["same_as_saved_model_chunks1"] == 16, name
+
+
+def test_length_sorted_batches_cut_the_graphs_order():
+    batches = decoding_concurrency.length_sorted_batches([3, 1, 2, 1, 5], 2)
+    assert batches == [[1, 3], [2, 0], [4]]  # equal lengths keep their order
 
 
 @pytest.mark.slow

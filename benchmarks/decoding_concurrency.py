@@ -1,4 +1,4 @@
-"""Decoding with two batches in flight: the SavedModel's chunks and requests, CTranslate2's threads.
+"""Decoding with one or two batches in flight: SavedModel chunks and requests, CTranslate2.
 
 Usage:
     python benchmarks/decoding_concurrency.py --run-dir runs/multi30k \

@@ -383,8 +383,8 @@ def run_training(config):
         if worker == 0
         else os.path.join(config.output.output_dir, "workers", f"worker-{worker}")
     )
-    # The data is checked before the output folder is made: a corpus that
-    # fails to load (an unknown TFDS name) leaves nothing behind.
+    # The data is checked before anything is written in the output folder: a
+    # corpus that fails to load (an unknown TFDS name) leaves no file behind.
     train_pairs, validation_pairs, test_pairs = load_pairs(config)
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, "config.json"), config.to_dict())

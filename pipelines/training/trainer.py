@@ -228,7 +228,8 @@ class TimeBudget(keras.callbacks.Callback):
     of the last epoch, its validation and checkpoint included
     (`trained_seconds`; also the attribute of that name): the time the
     budget governs, apart from what callbacks and the process do after.
-    An epoch's logs (and so the history) hold the rate as its plan left it.
+    An epoch's logs, as the history and the callbacks after this one see
+    them, hold the rate as its plan left it.
 
     Args:
         minutes: float, the budget, counted from `started`.

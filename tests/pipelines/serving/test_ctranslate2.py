@@ -112,6 +112,7 @@ def test_trained_model_translates_the_same_in_ctranslate2(trained_run, tmp_path,
         )
     # Two batches translated at once, one thread each: the same translations, in input order.
     at_once = CTranslate2Translator(path, threads=1, inter_threads=2)
+    assert at_once.translator.num_translators == 2 and translator.translator.num_translators == 1
     expected = translator.translate(sources, 4, batch_size=4)[0]
     assert at_once.translate(sources, 4, batch_size=4)[0] == expected
 

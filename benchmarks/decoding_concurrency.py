@@ -62,19 +62,17 @@ def length_sorted_batches(pieces, batch_size):
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def requests_in_flight(signature, batches, sentences, in_flight):
-    """`translate(beam) -> list of str`: one request a batch, `in_flight` at once."""
-    import tensorflow as tf
+def requests_in_flight(signature, batches, lines, in_flight):
+    """`translate(beam) -> list of str`: one request a batch of `lines`, `in_flight` at once."""
+    from pipelines.serving.client import translate_lines
 
     pool = ThreadPoolExecutor(in_flight)
 
-    def request(rows, beam):
-        inputs = tf.constant([sentences[i].encode("utf-8") for i in rows])
-        outputs = signature(inputs=inputs, beam_size=tf.constant(beam), alpha=tf.constant(0.6))
-        return [text.decode("utf-8") for text in outputs["translations"].numpy()]
+    def request(rows, beam):  # the whole batch in one call
+        return translate_lines(signature, [lines[i] for i in rows], beam, 0.6, len(rows))[0]
 
     def translate(beam):
-        translations = [None] * len(sentences)
+        translations = [None] * len(lines)
         done = pool.map(lambda rows: request(rows, beam), batches)
         for rows, texts in zip(batches, done, strict=True):
             for row, text in zip(rows, texts, strict=True):
@@ -115,7 +113,7 @@ def build_decoders(run_dir, work_dir, batch_size, sources):
     batches = length_sorted_batches([len(p) for p in pieces], batch_size)
     for in_flight in (1, 2):
         decoders[f"saved_model_requests{in_flight}"] = requests_in_flight(
-            signatures[1], batches, sources, in_flight
+            signatures[1], batches, lines, in_flight
         )
     ct2_path = convert(model, spm_path, os.path.join(work_dir, "ct2"), max_length)
     threads = os.cpu_count() or 1

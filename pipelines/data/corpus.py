@@ -1,13 +1,19 @@
 """Parallel corpora: aligned text files, Multi30k, and TFDS translation datasets.
 
-Every loader returns sentence pairs `(source, target)`; files are read and
-checked in Python before anything reaches tf.data, so a bad corpus fails with a
-message that names the file and line instead of an error from inside a graph.
+Files are read as streams and checked in Python before anything reaches
+tf.data, so a bad corpus fails with a message that names the file and line
+instead of an error from inside a graph, and a corpus of any size costs the
+memory of one line. A training corpus is a `Corpus`: a stream of line pairs
+with a mixing weight (`files_corpus`, `pairs_corpus`, `tfds_corpus`); small
+sets (validation, test) are read whole into lists of pairs.
 """
 
+import dataclasses
 import gzip
+import itertools
 import logging
 import os
+import typing
 
 from pipelines.errors import DataError
 
@@ -25,25 +31,27 @@ def _open_text(path):
     return opener(path, "rb")
 
 
-def read_lines(path):
-    """Reads a UTF-8 text file (plain or `.gz`), one sentence a line.
+def iter_lines(path):
+    """Streams a UTF-8 text file (plain or `.gz`), one sentence a line.
+
+    Nothing is kept: lines are decoded and checked as they are read, so a file
+    of any size costs the memory of one line.
 
     Args:
         path: str, the file.
 
-    Returns:
-        list of str, the lines without their line endings.
+    Yields:
+        str, each line without its line ending.
 
     Raises:
         DataError: the file is missing, is not gzip when named `.gz`, or has a
             line that is not valid UTF-8 (the message gives its number).
     """
-    lines = []
     with _open_text(path) as handle:
         try:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                    yield raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as error:
                     raise DataError(
                         f"{path}, line {number}: not valid UTF-8 "
@@ -51,14 +59,63 @@ def read_lines(path):
                     ) from None
         except (OSError, EOFError) as error:
             raise DataError(f"{path}: cannot be read ({error})") from None
-    return lines
+
+
+def read_lines(path):
+    """Reads a whole UTF-8 text file (plain or `.gz`): `list(iter_lines(path))`.
+
+    For small files (validation and test sets, a file to translate); a
+    training corpus is streamed with `iter_lines` or `iter_parallel_lines`.
+
+    Returns:
+        list of str, the lines without their line endings.
+    """
+    return list(iter_lines(path))
+
+
+def iter_parallel_lines(source_path, target_path):
+    """Streams two aligned files as stripped line pairs, empty ones included.
+
+    Every line of the files gives one pair, so the pairs' positions are line
+    numbers; `nonempty` drops the pairs with an empty side. Memory does not
+    grow with the files.
+
+    Args:
+        source_path: str, source sentences, one a line (plain or `.gz`).
+        target_path: str, the aligned target sentences.
+
+    Yields:
+        `(source, target)` str pairs, stripped of surrounding whitespace.
+
+    Raises:
+        DataError: a file is missing or undecodable, or the line counts differ
+            (found at the end of the shorter file; both counts are named).
+    """
+    sources, targets = iter_lines(source_path), iter_lines(target_path)
+    count = 0
+    for source, target in itertools.zip_longest(sources, targets):
+        if source is None or target is None:  # one file ended: count the other's remaining lines
+            source_lines = count + (source is not None) + sum(1 for _ in sources)
+            target_lines = count + (target is not None) + sum(1 for _ in targets)
+            raise DataError(
+                "Parallel files are not aligned: "
+                f"{source_path} has {source_lines} lines, {target_path} has {target_lines} lines"
+            )
+        count += 1
+        yield source.strip(), target.strip()
+
+
+def nonempty(pairs):
+    """The pairs of `pairs` whose two sides are both non-empty."""
+    return ((source, target) for source, target in pairs if source and target)
 
 
 def read_parallel_files(source_path, target_path):
-    """Reads two aligned files into sentence pairs.
+    """Reads two small aligned files into sentence pairs.
 
     Pairs where either side is empty or whitespace only are dropped; how many is
-    logged, so nothing disappears silently.
+    logged, so nothing disappears silently. For validation and test sets: a
+    training corpus is streamed (`iter_parallel_lines`, `pipelines.data.shards`).
 
     Args:
         source_path: str, source sentences, one a line (plain or `.gz`).
@@ -71,14 +128,8 @@ def read_parallel_files(source_path, target_path):
         DataError: a file is missing or undecodable, the line counts differ, or
             no non-empty pair is left.
     """
-    sources, targets = read_lines(source_path), read_lines(target_path)
-    if len(sources) != len(targets):
-        raise DataError(
-            "Parallel files are not aligned: "
-            f"{source_path} has {len(sources)} lines, {target_path} has {len(targets)} lines"
-        )
-    pairs = [(s.strip(), t.strip()) for s, t in zip(sources, targets, strict=True)]
-    kept = [(s, t) for s, t in pairs if s and t]
+    pairs = list(iter_parallel_lines(source_path, target_path))
+    kept = list(nonempty(pairs))
     if len(kept) < len(pairs):
         logger.warning(
             "Dropped %d of %d pairs with an empty side from %s / %s",
@@ -119,7 +170,7 @@ def load_multi30k(folder, split, source_language="en", target_language="de"):
     return read_parallel_files(path(source_language), path(target_language))
 
 
-def load_tfds(name, split, data_dir=None, download=True):
+def load_tfds(name, split, data_dir=None, download=True, source_language=None):
     """Loads a TFDS translation dataset as a tf.data dataset of string pairs.
 
     Args:
@@ -128,10 +179,13 @@ def load_tfds(name, split, data_dir=None, download=True):
         split: str, a TFDS split such as "train" or "validation".
         data_dir: str or None, where TFDS keeps (or finds) prepared data.
         download: bool, whether TFDS may download and prepare the data.
+        source_language: str or None, the feature (language) used as the
+            source, the other one being the target: "en" for English ->
+            German from "wmt14_translate/de-en", whose supervised order is
+            German -> English. None: the supervised order.
 
     Returns:
-        `tf.data.Dataset` of `(source, target)` scalar string tensors, in the
-        dataset's supervised order.
+        `tf.data.Dataset` of `(source, target)` scalar string tensors.
     """
     import tensorflow_datasets as tfds
 
@@ -139,8 +193,78 @@ def load_tfds(name, split, data_dir=None, download=True):
     if builder_name not in tfds.list_builders():
         raise DataError(f"Unknown TFDS dataset {name!r}: no builder named {builder_name!r}")
     try:
-        return tfds.load(
-            name, split=split, as_supervised=True, data_dir=data_dir, download=download
+        dataset = tfds.load(
+            name,
+            split=split,
+            as_supervised=source_language is None,
+            data_dir=data_dir,
+            download=download,
         )
     except (ValueError, KeyError, AssertionError) as error:
         raise DataError(f"Cannot load TFDS dataset {name!r} split {split!r}: {error}") from None
+    if source_language is None:
+        return dataset
+    languages = sorted(dataset.element_spec)
+    if len(languages) != 2 or source_language not in languages:
+        raise DataError(
+            f"tfds_source_language: {name!r} has the features {languages}, "
+            f"not {source_language!r} and one other language"
+        )
+    (target_language,) = set(languages) - {source_language}
+    return dataset.map(lambda features: (features[source_language], features[target_language]))
+
+
+def _tfds_lines(dataset):
+    for source, target in dataset.as_numpy_iterator():
+        yield source.decode("utf-8").strip(), target.decode("utf-8").strip()
+
+
+@dataclasses.dataclass
+class Corpus:
+    """One training corpus, streamed: its pairs, its mixing weight, and what identifies it.
+
+    Attributes:
+        name: str, how logs and messages name it (its files, say).
+        lines: callable returning a fresh iterator over every line pair,
+            stripped, empty sides included, so that positions are line
+            numbers (`iter_parallel_lines`).
+        weight: float or None, its share of the training stream against the
+            other corpora's weights; None: in proportion to its size.
+        identity: dict, what a rerun compares to know it is the same corpus
+            (paths, sizes and modification times of files).
+    """
+
+    name: str
+    lines: typing.Callable[[], typing.Iterator[tuple[str, str]]]
+    weight: float | None = None
+    identity: dict = dataclasses.field(default_factory=dict)
+
+
+def _file_identity(path):
+    status = os.stat(path)
+    return {"path": os.path.abspath(path), "bytes": status.st_size, "mtime": status.st_mtime}
+
+
+def files_corpus(source_path, target_path, weight=None):
+    """A `Corpus` of two aligned text files (plain or `.gz`), read as streams."""
+    return Corpus(
+        name=f"{source_path} / {target_path}",
+        lines=lambda: iter_parallel_lines(source_path, target_path),
+        weight=weight,
+        identity={"files": [_file_identity(source_path), _file_identity(target_path)]},
+    )
+
+
+def pairs_corpus(name, pairs, weight=None):
+    """A `Corpus` of pairs already in memory (the embedded, Multi30k and treebank corpora)."""
+    return Corpus(name=name, lines=lambda: iter(pairs), weight=weight, identity={"pairs": name})
+
+
+def tfds_corpus(name, split, data_dir=None, source_language=None):
+    """A `Corpus` of a TFDS translation dataset's split (see `load_tfds`)."""
+    dataset = load_tfds(name, split, data_dir, source_language=source_language)
+    return Corpus(
+        name=f"{name}[{split}]",
+        lines=lambda: _tfds_lines(dataset),
+        identity={"tfds": name, "split": split, "source_language": source_language},
+    )

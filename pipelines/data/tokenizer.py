@@ -39,7 +39,7 @@ def train_sentencepiece(
 
     Args:
         sentences: iterable of str, source and target sentences together for a
-            joint vocabulary.
+            joint vocabulary; read as a stream.
         model_path: str, where to write the `.model` file.
         vocabulary_size: int, pieces including the four special ids.
         model_type: "bpe" (the paper's choice) or "unigram".
@@ -54,14 +54,20 @@ def train_sentencepiece(
     Returns:
         str, `model_path`.
     """
-    sentences = [s for s in sentences if s]
-    if not sentences:
-        raise DataError("Cannot train a SentencePiece vocabulary on an empty corpus")
+    count = 0
+
+    def nonempty():  # a stream: SentencePiece keeps its own copy, no list is made here
+        nonlocal count
+        for sentence in sentences:
+            if sentence:
+                count += 1
+                yield sentence
+
     buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=nonempty(),
             model_writer=buffer,
             vocab_size=vocabulary_size,
             model_type=model_type,
@@ -76,6 +82,8 @@ def train_sentencepiece(
             **_SPECIAL_IDS,
         )
     except RuntimeError as error:
+        if not count:
+            raise DataError("Cannot train a SentencePiece vocabulary on an empty corpus") from None
         raise DataError(f"SentencePiece training failed: {error}") from None
     os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
     with open(model_path, "wb") as handle:

@@ -55,12 +55,21 @@ class DataConfig:
     multi30k_dir: str | None = setting(None, "folder of Multi30k's train/val/test .gz files")
     source_language: str = setting("en", "Multi30k source language")
     target_language: str = setting("de", "Multi30k target language")
-    train_files: list[str] | None = setting(None, "aligned SOURCE TARGET text files", nargs=2)
+    train_files: list[str] | None = setting(
+        None, "aligned SOURCE TARGET text files, one pair or several (plain or .gz)"
+    )
+    train_weights: list[float] | None = setting(
+        None, "each train_files pair's share of the stream (null: in proportion to size)", above=0.0
+    )
     validation_files: list[str] | None = setting(None, "aligned SOURCE TARGET files", nargs=2)
     tfds_name: str | None = setting(None, "a TFDS translation dataset, e.g. wmt14_translate/de-en")
     tfds_data_dir: str | None = setting(None, "TFDS data folder")
     tfds_train_split: str = setting("train", "TFDS training split")
     tfds_validation_split: str = setting("validation", "TFDS validation split")
+    tfds_source_language: str | None = setting(
+        None, "the TFDS language used as source (null: the dataset's supervised order)"
+    )
+    shard_size: int = setting(200_000, "examples a prepared training shard holds", low=1)
     target_locale: str = setting("de", "CLDR locale of the default corpus's targets")
     default_corpus_sizes: list[int] = setting(
         [20000, 500, 500], "train, validation, test sizes of the default corpus", low=1, nargs=3
@@ -77,6 +86,9 @@ class BatchingConfig:
     """The tokenizer and the batches."""
 
     vocabulary_size: int = setting(8000, "SentencePiece pieces, shared by both sides", low=8)
+    vocabulary_sample: int = setting(
+        500_000, "pairs sampled from the whole training data to train the vocabulary", low=1
+    )
     batch_tokens: int = setting(4096, "tokens per side of a batch", low=1)
     max_length: int = setting(
         128, "longest training sentence in pieces; longer pairs dropped", low=2
@@ -85,6 +97,7 @@ class BatchingConfig:
         0.0, "BPE-dropout: probability of skipping a merge (0: off)", low=0.0, below=1.0
     )
     subword_copies: int = setting(4, "sampled segmentations of the corpus made", low=1)
+    shuffle_buffer: int = setting(100_000, "training examples in the shuffle buffer", low=1)
     whole_target_tokens: bool = setting(
         False, "each distinct space-separated target token is one piece (closed vocabularies)"
     )
@@ -354,6 +367,16 @@ def validate(config):
         raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
     if data.corpus == "files" and not data.train_files:
         raise ConfigError("corpus 'files' needs train_files (--train-files SOURCE TARGET)")
+    if data.train_files and len(data.train_files) % 2:
+        raise ConfigError(
+            "train_files takes SOURCE TARGET pairs, an even number of files. "
+            f"Received: train_files={data.train_files!r}"
+        )
+    if data.train_weights and len(data.train_weights) * 2 != len(data.train_files or []):
+        raise ConfigError(
+            "train_weights takes one weight per train_files pair "
+            f"({len(data.train_files or []) // 2}). Received: train_weights={data.train_weights!r}"
+        )
     if data.corpus == "tfds" and not data.tfds_name:
         raise ConfigError("corpus 'tfds' needs tfds_name (--tfds-name NAME)")
     if data.corpus == "ptb" and not data.treebank_dir:

@@ -12,22 +12,17 @@ import keras
 import tensorflow as tf
 
 import keras_transformer as kt
-from pipelines.data import batching, corpus, default_corpus, tokenizer
-from pipelines.errors import ConfigError, DataError
-from pipelines.files import atomic_output, atomic_text, write_json
-from pipelines.parsing import trees
-from pipelines.parsing.corpus import (
-    tags_path,
-    target_tokens,
-    treebank_pairs,
-)
+from pipelines.data import batching, shards, tokenizer
+from pipelines.errors import ConfigError
+from pipelines.files import atomic_output, write_json
+from pipelines.training import data
 from pipelines.training.checkpoints import (
     average_checkpoints,
     checkpoints_to_average,
     epoch_checkpoints,
     repair_backup,
 )
-from pipelines.training.heldout import heldout_pairs, heldout_scores, is_parser, tree_words
+from pipelines.training.heldout import heldout_pairs, heldout_scores
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
@@ -59,109 +54,6 @@ def make_strategy():
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return strategy, strategy.cluster_resolver.task_id
     return tf.distribute.MirroredStrategy(), 0
-
-
-def load_pairs(config):
-    """Train and validation data for the configured corpus.
-
-    Returns:
-        `(train, validation, test)`: lists of str pairs or tf.data datasets;
-        `test` is None where the corpus has no test split.
-    """
-    if config.data.corpus == "default":
-        splits = default_corpus.default_corpus(
-            config.data.default_corpus_sizes, config.data.target_locale, config.optimization.seed
-        )
-        return splits["train"], splits["validation"], splits["test"]
-    if config.data.corpus == "multi30k":
-        load = lambda split: corpus.load_multi30k(  # noqa: E731
-            config.data.multi30k_dir,
-            split,
-            config.data.source_language,
-            config.data.target_language,
-        )
-        return load("train"), load("validation"), load("test")
-    if config.data.corpus == "ptb":
-        load = lambda split: treebank_pairs(  # noqa: E731
-            config.data.treebank_dir,
-            split,
-            config.data.treebank_pos_tags,
-            config.data.treebank_words,
-        )[0]
-        train, validation, test = load("train"), load("dev"), load("test")
-        if not train:
-            raise DataError(
-                f"treebank_dir {config.data.treebank_dir}: no wsj_NNNN.mrg files of the "
-                "train split (wsj_0001-0141)"
-            )
-        return train, validation or None, test or None  # test files are often kept aside
-    if config.data.corpus == "files":
-        validation = config.data.validation_files
-        return (
-            corpus.read_parallel_files(*config.data.train_files),
-            corpus.read_parallel_files(*validation) if validation else None,
-            None,
-        )
-    load = lambda split: corpus.load_tfds(config.data.tfds_name, split, config.data.tfds_data_dir)  # noqa: E731
-    return load(config.data.tfds_train_split), load(config.data.tfds_validation_split), None
-
-
-def _sentences(pairs, limit=1_000_000):
-    if isinstance(pairs, tf.data.Dataset):
-        pairs = ((s.decode(), t.decode()) for s, t in pairs.take(limit).as_numpy_iterator())
-    for source, target in pairs:
-        yield source
-        yield target
-
-
-def _train_vocabulary(config, pairs, spm_path):
-    """Trains the run's SentencePiece vocabulary on `pairs`, writing `spm_path`.
-
-    It keeps whole each distinct target token (`whole_target_tokens`) and the
-    `whole_source_words` most frequent source words. A parser's vocabulary
-    that keeps source words whole lists its tags beside it (`tags_path`),
-    written first: the vocabulary's file marks the step done for a resumed
-    run.
-
-    Raises:
-        DataError: the tokens kept whole would fill the vocabulary.
-    """
-    batching = config.batching
-    sample = pairs
-    if isinstance(pairs, tf.data.Dataset):
-        sample = list(_sentences(pairs, limit=100_000))
-        sample = list(zip(sample[::2], sample[1::2], strict=True))
-    tokens = []
-    if batching.whole_target_tokens or (batching.whole_source_words and is_parser(config)):
-        tokens = target_tokens(sample, tree_words(config))
-    if batching.whole_target_tokens and len(tokens) >= batching.vocabulary_size // 2:
-        raise DataError(
-            f"whole_target_tokens: the targets have {len(tokens)} distinct tokens, too many for "
-            f"vocabulary_size {batching.vocabulary_size} (at most half of it); "
-            "it is meant for closed target vocabularies such as linearised trees"
-        )
-    words = tokenizer.frequent_words((s for s, _ in sample), batching.whole_source_words)
-    whole = sorted(set(tokens if batching.whole_target_tokens else []).union(words))
-    if len(whole) > batching.vocabulary_size * 3 // 4:
-        raise DataError(
-            f"whole_source_words: {len(whole)} tokens kept whole, too many for vocabulary_size "
-            f"{batching.vocabulary_size} (at most three quarters of it, so that other words "
-            f"still have pieces). Received: whole_source_words={batching.whole_source_words}"
-        )
-    listed = tags_path(spm_path)
-    if words and is_parser(config):  # the tags are told apart from the source words kept whole
-        with atomic_text(listed) as handle:
-            handle.writelines(f"{tag}\n" for tag in sorted(trees.word_tags(tokens)))
-    elif os.path.exists(listed):  # left by an earlier attempt with other settings
-        os.remove(listed)
-    logger.info("Training a %d-piece SentencePiece vocabulary", batching.vocabulary_size)
-    tokenizer.train_sentencepiece(
-        _sentences(pairs),
-        spm_path,
-        batching.vocabulary_size,
-        seed=config.optimization.seed,
-        whole_tokens=whole,
-    )
 
 
 def _callbacks(config, out_dir, is_chief, clock, schedule):
@@ -215,51 +107,35 @@ def _terminal():
     return sys.stdout.isatty()
 
 
-def _tokenized(config, pairs, tok, path, sampling_model=None):
-    """Pairs tokenized once and saved under `path` (read back on resume).
-
-    Training and validation read these ids back with `tf.data.Dataset.load`:
-    a tensorflow-text tokenizer's resource is not visible to the per-device
-    iterators of a distribution strategy, so no tokenizer runs inside them.
-    Given `sampling_model` (a SentencePiece file) and `subword_sampling`, the
-    saved examples are `subword_copies` BPE-dropout segmentations instead.
-    """
-    if not os.path.exists(os.path.join(path, "dataset_spec.pb")):
-        if sampling_model and config.batching.subword_sampling:
-            examples = batching.sampled_examples(
-                pairs,
-                sampling_model,
-                config.batching.max_length,
-                config.batching.subword_sampling,
-                config.batching.subword_copies,
-                config.optimization.seed,
-            )
-        else:
-            examples = batching.tokenize_examples(pairs, tok, config.batching.max_length)
-        examples.save(path)
-    return tf.data.Dataset.load(path)
-
-
-def _train_dataset_fn(config, examples):
+def _train_dataset_fn(config, manifest, folder):
     """A function for `strategy.distribute_datasets_from_function`.
 
-    Each input pipeline reads its own shard of the tokenized examples, and each
-    replica's batches hold `batch_tokens / replicas` tokens, so a global batch
-    holds about `batch_tokens`.
+    Each input pipeline (worker) reads its own shards of the prepared
+    examples, and each replica's batches hold `batch_tokens / replicas`
+    tokens, so a global batch holds about `batch_tokens`.
     """
 
     def dataset_fn(context):
-        shard = examples.shard(context.num_input_pipelines, context.input_pipeline_id)
+        examples = shards.read_examples(
+            manifest,
+            folder,
+            shuffle=True,
+            seed=config.optimization.seed,
+            pipeline=context.input_pipeline_id,
+            pipelines=context.num_input_pipelines,
+        )
         budget = max(
             config.batching.batch_tokens // context.num_replicas_in_sync, config.batching.max_length
         )
         return batching.batch_examples(
-            shard,
+            examples,
             budget,
             config.batching.max_length,
             shuffle=True,
             repeat=True,
             seed=config.optimization.seed,
+            shuffle_buffer=config.batching.shuffle_buffer,
+            cache=False,
         )
 
     return dataset_fn
@@ -269,12 +145,18 @@ def _tensorflow_parallel(config):
     """The TensorFlow half of a run: tf.distribute strategy, per-replica batches, `Trainer`."""
     strategy, worker = make_strategy()
     options = config.optimization
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     return SimpleNamespace(
         worker=worker,
+        workers=max(sum(len(tasks) for tasks in cluster.values()), 1),
         scope=strategy.scope,
-        train_data=lambda examples: _train_dataset_fn(config, examples),
+        train_data=lambda manifest, folder: _train_dataset_fn(config, manifest, folder),
         validation_data=lambda examples: batching.batch_examples(
-            examples, config.batching.batch_tokens, config.batching.max_length, shuffle=False
+            examples,
+            config.batching.batch_tokens,
+            config.batching.max_length,
+            shuffle=False,
+            cache=False,
         ),
         trainer=lambda model, optimizer, schedule: Trainer(
             model,
@@ -309,12 +191,26 @@ def _jax_parallel(config):
         fixed_shapes=True,
         row_multiple=distribution.device_mesh.devices.size,
         ratio=JAX_BUCKET_RATIO,
+        cache=False,
     )
     options = config.optimization
+
+    def train_data(manifest, folder):
+        examples = shards.read_examples(manifest, folder, shuffle=True, seed=options.seed)
+        return batch(
+            examples,
+            shuffle=True,
+            repeat=True,
+            seed=options.seed,
+            shuffle_buffer=config.batching.shuffle_buffer,
+        )
+
     return SimpleNamespace(
         worker=worker,
+        # Every process reads the same global batches (see `JaxTrainer`).
+        workers=1,
         scope=distribution.scope,
-        train_data=lambda examples: batch(examples, shuffle=True, repeat=True, seed=options.seed),
+        train_data=train_data,
         validation_data=lambda examples: batch(examples, shuffle=False),
         trainer=lambda model, optimizer, schedule: JaxTrainer(
             model,
@@ -383,21 +279,22 @@ def run_training(config):
         if worker == 0
         else os.path.join(config.output.output_dir, "workers", f"worker-{worker}")
     )
-    # The data is checked before anything is written in the output folder: a
-    # corpus that fails to load (an unknown TFDS name) leaves no file behind.
-    train_pairs, validation_pairs, test_pairs = load_pairs(config)
+    chief_dir = config.output.output_dir
+    if worker == 0:
+        # The data is checked before config.json is written: a corpus that
+        # fails to load (an unknown TFDS name, a bad line) leaves no file behind.
+        train, validation, heldout = data.prepare_data(config, out_dir, parallel.workers)
+    else:
+        train, validation, heldout = data.wait_for_data(chief_dir, out_dir)
+    validation_pairs, test_pairs = heldout
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, "config.json"), config.to_dict())
     spm_path = os.path.join(out_dir, "sentencepiece.model")
-    if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
-        _train_vocabulary(config, train_pairs, spm_path)
-    tok = tokenizer.load_tokenizer(spm_path)
-    data_dir = os.path.join(out_dir, "data")
-    train = _tokenized(config, train_pairs, tok, os.path.join(data_dir, "train"), spm_path)
+    train_dir = os.path.join(chief_dir, "data", "train")
+    validation_dir = os.path.join(chief_dir, "data", "validation")
     validation_data = None
-    if validation_pairs is not None:
-        validation = _tokenized(config, validation_pairs, tok, os.path.join(data_dir, "validation"))
-        validation_data = parallel.validation_data(validation)
+    if validation is not None:
+        validation_data = parallel.validation_data(shards.read_examples(validation, validation_dir))
 
     if config.optimization.mixed_precision:
         keras.mixed_precision.set_dtype_policy(config.optimization.mixed_precision)
@@ -407,7 +304,7 @@ def run_training(config):
     logger.info("Model: %s parameters", f"{model.count_params():,}")
     trainer = parallel.trainer(model, optimizer, schedule)
     history = trainer.fit(
-        parallel.train_data(train),
+        parallel.train_data(train, train_dir),
         steps=config.optimization.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.optimization.steps_per_epoch,
         callbacks=_callbacks(config, out_dir, worker == 0, parallel.clock(started), schedule),

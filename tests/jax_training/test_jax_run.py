@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines.commands.train import main
-from pipelines.data import batching
+from pipelines.data import batching, shards
 from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece
 from pipelines.evaluation import translate
 from pipelines.training.config import load_config
@@ -41,12 +41,15 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
     assert [t.decode() for t in translations] == [e["translation"] for e in examples]
     # The same global batches and initial weights on one device reach the same weights.
     config = load_config(config_file=str(out / "config.json"))
+    train_dir, seed = str(out / "data" / "train"), config.optimization.seed
     data = batching.batch_examples(
-        tf.data.Dataset.load(str(out / "data" / "train")),
+        shards.read_examples(shards.read_manifest(train_dir), train_dir, shuffle=True, seed=seed),
         config.batching.batch_tokens,
         config.batching.max_length,
         repeat=True,
-        seed=config.optimization.seed,
+        seed=seed,
+        shuffle_buffer=config.batching.shuffle_buffer,
+        cache=False,
         fixed_shapes=True,
         row_multiple=2,
         ratio=JAX_BUCKET_RATIO,
@@ -58,8 +61,9 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
     trainer = JaxTrainer(model, optimizer, one, schedule=schedule)
     history = trainer.fit(data, steps=6, steps_per_epoch=3, verbose=0)
     assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
+    validation_dir = str(out / "data" / "validation")
     validation = batching.batch_examples(
-        tf.data.Dataset.load(str(out / "data" / "validation")),
+        shards.read_examples(shards.read_manifest(validation_dir), validation_dir),
         config.batching.batch_tokens,
         config.batching.max_length,
         shuffle=False,

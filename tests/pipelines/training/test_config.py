@@ -106,7 +106,15 @@ def test_a_value_out_of_range_is_one_error_before_any_work(item, no_training, ca
         (["--xla", "--steps"], "expected one argument"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--set", "steps"], "--set expects NAME=VALUE"),
-        (["--train-files", "a"], "expected 2 arguments"),
+        (["--train-files", "a"], "train_files takes SOURCE TARGET pairs, an even number"),
+        (
+            ["--train-files", "a", "b", "--train-weights", "1", "2"],
+            "one weight per train_files pair (1)",
+        ),
+        (
+            ["--train-files", "a", "b", "--train-weights", "0"],
+            "train_weights must be more than 0.0",
+        ),
         (["--set", "learned_positions=true"], "learned_positions needs max_positions"),
         (["--set", "normalize_first=maybe"], "normalize_first must be true or false"),
         (["--set", "model.activation=sigmoidal"], "activation must be a Keras activation"),

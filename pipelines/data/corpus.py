@@ -241,6 +241,7 @@ class Corpus:
 
 
 def _file_identity(path):
+    _open_text(path).close()  # the errors of a missing file or a folder, before any work
     status = os.stat(path)
     return {"path": os.path.abspath(path), "bytes": status.st_size, "mtime": status.st_mtime}
 

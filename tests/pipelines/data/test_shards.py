@@ -306,3 +306,10 @@ def test_bpe_dropout_copies_are_other_segmentations_of_the_same_text(tmp_path, v
     sampled = [processor.encode(t, enable_sampling=True, alpha=0.3) for _, t in pairs * 2]
     reference = sum(tuple(ids) not in plain for ids in sampled) / len(sampled)
     assert 0.1 < changed and abs(changed - reference) < 0.1, (changed, reference)
+    # Seeded on one thread: the same plan samples the same copies, another seed others.
+    def prepare(name, plan):
+        shards.prepare_shards(corpora, str(tmp_path / name), vocabulary, plan, 0.3, threads=1)
+        return shard_bytes(tmp_path / name)
+
+    assert prepare("one", plan) == prepare("again", plan)
+    assert prepare("other", make_plan(corpora, seed=1, copies=2)) != prepare("one", plan)

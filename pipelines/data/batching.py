@@ -232,10 +232,11 @@ def sampled_examples(pairs, model_path, max_length, alpha, copies=1, seed=0, chu
     the training shuffle mixes them. With `alpha=0` every copy equals
     `tokenize_examples`.
 
-    The sampling runs in sentencepiece's Python binding, not in the graph:
-    tensorflow-text's sampling tokenizer takes no seed, and training reads
-    examples made once and saved (`pipelines.training.run`), so a run and its
-    resumption must see the same segmentations.
+    The sampling runs in sentencepiece's Python binding, one thread, not in
+    the graph: tensorflow-text's sampling tokenizer takes no seed, and one
+    thread makes the samples reproducible. For pairs in memory (studies,
+    benchmarks); `kt train` samples its copies while preparing its shards
+    (`pipelines.data.shards`).
 
     Args:
         pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of

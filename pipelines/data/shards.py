@@ -39,6 +39,7 @@ piece ids, without BOS and EOS, little-endian uint16 where the vocabulary
 fits (half of int32 on disk and in reading), else int32.
 """
 
+import collections
 import itertools
 import json
 import logging
@@ -86,9 +87,16 @@ def _bucket_path(part_folder, bucket):
     return os.path.join(part_folder, f"bucket-{bucket:05d}.tfrecord")
 
 
-def _chunks(corpus, start, stop):
-    """`(sources, targets)` lists of `CHUNK` non-empty pairs from lines [start, stop)."""
-    pairs = nonempty(itertools.islice(corpus.lines(), start, stop))
+# Longer lines are left out: their pieces could overflow a record's uint16 length, and no
+# `max_length` a model trains with comes near (SentencePiece's pieces hold up to 16 characters).
+MAX_CHARACTERS = 2**15 - 1
+
+
+def _chunks(lines):
+    """`(sources, targets)` lists of `CHUNK` non-empty pairs of the line pairs `lines`."""
+    pairs = (
+        (s, t) for s, t in nonempty(lines) if len(s) <= MAX_CHARACTERS and len(t) <= MAX_CHARACTERS
+    )
     while chunk := list(itertools.islice(pairs, CHUNK)):
         yield [s for s, _ in chunk], [t for _, t in chunk]
 
@@ -100,18 +108,17 @@ def _flat(lists):
     return ids, lengths
 
 
-def _tokenized_chunks(corpus, start, stop, encoder, seeds):
-    """Tokenized chunks of lines [start, stop): flat ids and lengths of each side.
+def _tokenized_chunks(lines, encoder, seeds):
+    """Tokenized chunks of the line pairs `lines`: flat ids and lengths of each side.
 
     Args:
+        lines: iterator of `(source, target)` str pairs.
         encoder: `Encoder`.
         seeds: `numpy.random.SeedSequence`, the part's: chunk `k` samples
             with seeds spawned from it (used only by BPE-dropout).
     """
-    for index, (sources, targets) in enumerate(_chunks(corpus, start, stop)):
-        source_seed, target_seed = np.random.SeedSequence(
-            [*seeds.entropy, index]
-        ).generate_state(2)
+    for index, (sources, targets) in enumerate(_chunks(lines)):
+        source_seed, target_seed = np.random.SeedSequence([*seeds.entropy, index]).generate_state(2)
         yield (
             *_flat(encoder(sources, int(source_seed))),
             *_flat(encoder(targets, int(target_seed))),
@@ -217,16 +224,14 @@ class _Writer:
         os.replace(self.staging, self.folder)
 
 
-def _write_part(corpus, index, copy, part, plan, encoder, folder, progress):
-    """Pass 1 for one part: tokenized examples into random bucket files, then `done.json`."""
-    start = part * PART_LINES
-    stop = min(start + PART_LINES, plan["lines"][index])
+def _write_part(lines, index, copy, part, plan, encoder, folder, progress):
+    """Pass 1 for one part: its `lines` tokenized into random bucket files, then `done.json`."""
     buckets = plan["shards"][index]
     seeds = np.random.SeedSequence([plan["seed"], index, copy, part])
     rng = np.random.default_rng(seeds)
     writer = _Writer(_part_folder(folder, index, copy, part), buckets)
     tokens = np.zeros(2, np.int64)
-    for chunk in _tokenized_chunks(corpus, start, stop, encoder, seeds):
+    for chunk in _tokenized_chunks(lines, encoder, seeds):
         records = encode_records(*chunk, plan["dtype"])
         writer.write(records, rng.integers(buckets, size=len(records)))
         tokens += (len(chunk[0]), len(chunk[2]))
@@ -234,12 +239,17 @@ def _write_part(corpus, index, copy, part, plan, encoder, folder, progress):
     writer.close({"source_tokens": int(tokens[0]), "target_tokens": int(tokens[1])})
 
 
-def _done_parts(folder, index, plan):
+def _parts(folder, index, plan):
+    """Corpus `index`'s part folders, a list for each copy."""
+    parts = range(-(-plan["lines"][index] // PART_LINES))
     return [
-        _part_folder(folder, index, copy, part)
+        [_part_folder(folder, index, copy, part) for part in parts]
         for copy in range(plan["copies"])
-        for part in range(-(-plan["lines"][index] // PART_LINES))
     ]
+
+
+def _done_parts(folder, index, plan):
+    return [part for copy in _parts(folder, index, plan) for part in copy]
 
 
 def _write_shard(folder, index, shard, plan):
@@ -271,11 +281,11 @@ def _write_shard(folder, index, shard, plan):
     return {"file": shard_name(index, shard), "records": expected, "bytes": os.path.getsize(path)}
 
 
-def plan_shards(pairs, lines, copies, shard_size, min_shards):
+def plan_shards(pairs, copies, shard_size, min_shards):
     """Shards per corpus: `ceil(pairs * copies / shard_size)`, at least `min_shards`.
 
     Args:
-        pairs, lines: lists of int, each corpus's non-empty pairs and lines.
+        pairs: list of int, each corpus's non-empty pairs.
         copies: int, segmentations of each pair written (BPE-dropout copies).
         shard_size: int, examples a shard holds about.
         min_shards: int, shards per corpus at least (a training stream per
@@ -315,12 +325,20 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
     for index, corpus in enumerate(corpora):
         total = plan["pairs"][index] * plan["copies"]
         progress = Progress(f"Tokenizing {corpus.name}", total)
-        for part_folder in _done_parts(folder, index, plan):
-            copy, part = (int(x) for x in os.path.basename(part_folder).split("-")[1:])
-            if os.path.exists(os.path.join(part_folder, "done.json")):
-                progress.update(_part_records(part_folder))
-                continue
-            _write_part(corpus, index, copy, part, plan, encoder, folder, progress)
+        for copy in range(plan["copies"]):
+            # One stream a copy, its parts read one after another; a resumed preparation
+            # reads past the complete parts up to the last incomplete one.
+            parts = _parts(folder, index, plan)[copy]
+            done = [os.path.exists(os.path.join(p, "done.json")) for p in parts]
+            lines = corpus.lines()
+            for part, part_folder in enumerate(parts):
+                part_lines = itertools.islice(lines, PART_LINES)
+                if done[part]:
+                    progress.update(_part_records(part_folder))
+                    if not all(done[part:]):
+                        collections.deque(part_lines, maxlen=0)
+                    continue
+                _write_part(part_lines, index, copy, part, plan, encoder, folder, progress)
         logger.info("%s", progress.line())
     tokenized = time.monotonic() - started
     corpora_entries = []

@@ -105,10 +105,13 @@ def _plan(config, corpora, folder, workers):
     }
     if os.path.exists(path):
         plan = _read_json(path)
-        if plan["identity"] == identity:
-            return plan
-        logger.info("%s was made from other data or settings: preparing anew", folder)
-        shutil.rmtree(folder)
+        if plan["identity"] != identity:
+            differing = [k for k in identity if plan["identity"].get(k) != identity[k]]
+            raise DataError(
+                f"{folder} holds data prepared from other data or settings "
+                f"({', '.join(differing)}): train into a new output_dir"
+            )
+        return plan
     found = scan.scan(corpora, batching.vocabulary_sample, seed)
     os.makedirs(folder, exist_ok=True)
     with atomic_text(os.path.join(folder, "sample.txt")) as handle:
@@ -120,12 +123,9 @@ def _plan(config, corpora, folder, workers):
         "lines": found["lines"],
         "pairs": found["pairs"],
         "shares": scan.mixing_shares(corpora, found["pairs"]),
-        "shards": shards.plan_shards(
-            found["pairs"], found["lines"], copies, config.data.shard_size, workers
-        ),
+        "shards": shards.plan_shards(found["pairs"], copies, config.data.shard_size, workers),
         "seed": seed,
         "copies": copies,
-        "dtype": shards.record_dtype(batching.vocabulary_size),
     }
     write_json(path, plan)
     return plan
@@ -238,7 +238,8 @@ def prepare_data(config, out_dir, workers=1):
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
         os.remove(os.path.join(train_dir, "sample.txt"))
     identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
-    plan = {**plan, "identity": identity}
+    dtype = shards.record_dtype(tokenizer.vocabulary_size(spm_path))
+    plan = {**plan, "identity": identity, "dtype": dtype}
     train = shards.read_manifest(train_dir, identity) or shards.prepare_shards(
         corpora, train_dir, spm_path, plan, config.batching.subword_sampling
     )

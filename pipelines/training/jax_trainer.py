@@ -19,11 +19,13 @@ every device; each global batch is split by rows over the devices (the rows
 must divide by their number) and XLA all-reduces the gradients. The summed
 loss and token count are those of the global batch, so N devices take the
 step one device takes on the same batch. With several processes
-(`keras.distribution.initialize`), each reads the same global batches and
-places its own devices' rows.
+(`keras.distribution.initialize`), each reads its own shards and places its
+rows of each global batch (`ProcessBatches` agrees on the batch's shape);
+validation batches, small, every process reads whole and places its rows.
 """
 
 import functools
+import itertools
 import logging
 import os
 import time
@@ -175,29 +177,51 @@ class JaxTrainer(TrainingLoop):
 
     # The loop's half -----------------------------------------------------
 
-    def _place(self, batch):
-        """A global batch of NumPy arrays as JAX arrays split by rows over the devices."""
+    def _place(self, batch, process_local=False):
+        """A batch of NumPy arrays as JAX arrays split by rows over the devices.
+
+        `batch` is the global batch, which every process holds whole, or with
+        `process_local` this process's rows of it (`ProcessBatches`).
+        """
+        if process_local and jax.process_count() > 1:
+            return jax.tree.map(self._place_local_rows, batch)
         return jax.tree.map(self._place_array, batch)
+
+    def _place_local_rows(self, array):
+        shape = (array.shape[0] * jax.process_count(), *array.shape[1:])
+        self._check_rows(shape[0])
+        sharding = self.distribution.get_data_layout(shape).backend_layout
+        return jax.make_array_from_process_local_data(sharding, array, shape)
+
+    def _check_rows(self, rows):
+        devices = self.distribution.device_mesh.devices.size
+        if rows % devices:
+            raise ValueError(
+                f"A batch of {rows} rows does not split over {devices} devices: "
+                "batch with a row multiple of the device count (`batching.batch_examples`'s "
+                "row_multiple)"
+            )
 
     def _place_array(self, array):
         if self.distribution is None:
             return jax.numpy.asarray(array)
-        devices = self.distribution.device_mesh.devices.size
-        if array.shape[0] % devices:
-            raise ValueError(
-                f"A batch of {array.shape[0]} rows does not split over {devices} devices: "
-                "batch with a row multiple of the device count (`batching.batch_examples`'s "
-                "row_multiple)"
-            )
+        self._check_rows(array.shape[0])
         sharding = self.distribution.get_data_layout(array.shape).backend_layout
         # Every process holds the whole global batch and places the rows of
         # its own devices, wherever the mesh puts them.
         return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
     def _distribute(self, dataset, skip):
-        """The placed batches of `dataset`, `skip` batches into its stream (see `Trainer`)."""
+        """The placed batches of `dataset`, `skip` batches into its stream (see `Trainer`).
+
+        `dataset` is a tf.data dataset of global batches, or a
+        `ProcessBatches` of this process's rows.
+        """
         if skip:
             logger.info("Skipping the %d batches the restored steps read", skip)
+        if getattr(dataset, "process_local", False):
+            batches = itertools.islice(iter(dataset), skip, None)
+            return (self._place(batch, process_local=True) for batch in batches)
         return (self._place(batch) for batch in dataset.skip(skip).as_numpy_iterator())
 
     def train_step(self, iterator):
@@ -292,6 +316,9 @@ def make_distribution():
         `(distribution, process_index)`; process 0 is the chief that writes outputs.
     """
     if int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES", "1")) > 1:
+        # Collectives between the processes of CPU devices (tests, CPU hosts) go through
+        # gloo; GPUs and TPUs use their own.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keras.distribution.initialize()
     devices = keras.distribution.list_devices()
     return keras.distribution.DataParallel(devices=devices), jax.process_index()

@@ -24,6 +24,7 @@ from pipelines.training.checkpoints import (
 )
 from pipelines.training.heldout import heldout_pairs, heldout_scores
 from pipelines.training.loop import optimizer_steps
+from pipelines.training.process_batches import ProcessBatches
 from pipelines.training.progress import ProgressLines
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
 
@@ -170,12 +171,59 @@ def _tensorflow_parallel(config):
     )
 
 
+def process_batches(config, manifest, folder, pipelines, processes, row_multiple, gather=None):
+    """The training batches of JAX processes that each read their own shards.
+
+    Process `p` of `processes` batches the shards of input pipeline `p` into
+    fixed-shape buckets of `batch_tokens / processes` tokens, and the
+    processes agree on each step's bucket (`ProcessBatches`), so a global
+    batch holds about `batch_tokens`.
+
+    Args:
+        config: the run's `TrainConfig`.
+        manifest, folder: the prepared training data (`shards.read_manifest`).
+        pipelines: list of int, the input pipelines this process runs: its
+            own index, or all of them where one process stands for all.
+        processes: int, the number of input pipelines (processes).
+        row_multiple: int, each local batch's rows are a multiple of it
+            (the process's devices).
+        gather: callable, the processes' all-gather (see `ProcessBatches`);
+            None where this process runs every pipeline.
+
+    Returns:
+        `ProcessBatches` over the local batches of `pipelines`.
+    """
+    seed, batching_config = config.optimization.seed, config.batching
+
+    def stream(pipeline):
+        examples = shards.read_examples(manifest, folder, True, seed, pipeline, processes)
+        return batching.batch_examples(
+            examples,
+            max(batching_config.batch_tokens // processes, batching_config.max_length),
+            batching_config.max_length,
+            shuffle=True,
+            repeat=True,
+            seed=seed,
+            shuffle_buffer=batching_config.shuffle_buffer,
+            cache=False,
+            fixed_shapes=True,
+            row_multiple=row_multiple,
+            ratio=JAX_BUCKET_RATIO,
+        ).as_numpy_iterator()
+
+    bounds = batching.bucket_bounds(batching_config.max_length, JAX_BUCKET_RATIO)
+    return ProcessBatches(lambda: [stream(p) for p in pipelines], bounds, gather)
+
+
 def _jax_parallel(config):
     """The JAX half of a run: `DataParallel` over every device, fixed-shape batches, `JaxTrainer`.
 
-    Every process reads the same global batches of about `batch_tokens`
-    tokens (see `JaxTrainer`); batch sizes are multiples of the device count.
+    One process reads global batches of about `batch_tokens` tokens; several
+    processes each read their own shards (`process_batches`). Batch sizes are
+    multiples of the device count.
     """
+    import jax
+
     from pipelines.training.jax_trainer import JaxTrainer, jax_budget_clock, make_distribution
 
     if config.optimization.mixed_precision == "mixed_float16":
@@ -195,7 +243,22 @@ def _jax_parallel(config):
     )
     options = config.optimization
 
+    processes = jax.process_count()
+
     def train_data(manifest, folder):
+        if processes > 1:
+            from jax.experimental import multihost_utils
+
+            index = jax.process_index()
+            return process_batches(
+                config,
+                manifest,
+                folder,
+                [index],
+                processes,
+                jax.local_device_count(),
+                multihost_utils.process_allgather,
+            )
         examples = shards.read_examples(manifest, folder, shuffle=True, seed=options.seed)
         return batch(
             examples,
@@ -207,8 +270,7 @@ def _jax_parallel(config):
 
     return SimpleNamespace(
         worker=worker,
-        # Every process reads the same global batches (see `JaxTrainer`).
-        workers=1,
+        workers=processes,
         scope=distribution.scope,
         train_data=train_data,
         validation_data=lambda examples: batch(examples, shuffle=False),

@@ -38,9 +38,7 @@ def make_plan(corpora, seed=0, shard_size=200, min_shards=1, copies=1, identity=
         "lines": found["lines"],
         "pairs": found["pairs"],
         "shares": scan.mixing_shares(corpora, found["pairs"]),
-        "shards": shards.plan_shards(
-            found["pairs"], found["lines"], copies, shard_size, min_shards
-        ),
+        "shards": shards.plan_shards(found["pairs"], copies, shard_size, min_shards),
         "seed": seed,
         "copies": copies,
         "dtype": "uint16",
@@ -306,6 +304,7 @@ def test_bpe_dropout_copies_are_other_segmentations_of_the_same_text(tmp_path, v
     sampled = [processor.encode(t, enable_sampling=True, alpha=0.3) for _, t in pairs * 2]
     reference = sum(tuple(ids) not in plain for ids in sampled) / len(sampled)
     assert 0.1 < changed and abs(changed - reference) < 0.1, (changed, reference)
+
     # Seeded on one thread: the same plan samples the same copies, another seed others.
     def prepare(name, plan):
         shards.prepare_shards(corpora, str(tmp_path / name), vocabulary, plan, 0.3, threads=1)

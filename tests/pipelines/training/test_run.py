@@ -247,3 +247,13 @@ def test_a_run_with_a_budget_trains_inside_it_to_the_end_of_its_schedule(tmp_pat
     assert result["final_learning_rate"] == 0.0
     rates = result["history"]["learning_rate"]
     assert rates[-1] == 0.0 and max(rates) > 0.0
+
+
+def test_a_run_folder_prepared_from_other_data_is_refused(tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run"), "--steps", "2"]
+    assert main(out + TINY) == 0
+    plan = (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes()
+    err = run_main(capsys, *out, *TINY, "--set", "vocabulary_sample=100", "--seed", "3")
+    assert "holds data prepared from other data or settings (seed, vocabulary_sample)" in err
+    assert "new output_dir" in err
+    assert (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes() == plan

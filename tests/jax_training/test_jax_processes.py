@@ -1,0 +1,131 @@
+"""Two JAX processes, each reading its own shards, train as one process on the same batches."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from pipelines.data import shards
+from pipelines.training.config import load_config
+from pipelines.training.jax_trainer import JaxTrainer
+from pipelines.training.process_batches import ProcessBatches
+from pipelines.training.run import build_model, process_batches
+from tests.pipelines.training.shared import TINY
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def batch(bound, rows, tag):
+    """A fixed-shape batch of `rows` rows whose source length is `bound`, its ids all `tag`."""
+    source = np.full((rows, bound), tag, np.int32)
+    target = np.full((rows, bound), tag, np.int32)
+    return (source, target), target
+
+
+def test_processes_agree_on_a_bucket_they_all_hold():
+    bounds = [4, 8, 16]
+    # Pipeline 0 reads lengths 4, 8, 8, 16; pipeline 1 reads 8, 16, 4, 4.
+    streams = [
+        [batch(4, 2, 1), batch(8, 1, 2), batch(8, 1, 3), batch(16, 1, 4)],
+        [batch(8, 1, 5), batch(16, 1, 6), batch(4, 2, 7), batch(4, 2, 8)],
+    ]
+    steps = list(ProcessBatches(lambda: [iter(s) for s in streams], bounds))
+    # After two reads both hold an 8, after four a 4, after six a 16; then pipeline 0 ends.
+    shapes = [step[0][0].shape for step in steps]
+    tags = [sorted(set(step[0][0][:, 0].tolist())) for step in steps]
+    assert shapes == [(2, 8), (4, 4), (2, 16)], shapes
+    assert tags == [[2, 5], [1, 7], [4, 6]], tags
+
+    # A process that runs one pipeline gets its own rows, chosen on every pipeline's counts.
+    def gather(counts):  # the other process holds one batch of length 8
+        return np.concatenate([counts, [[0, 1, 0]]])
+
+    mine = ProcessBatches(lambda: [iter(streams[0])], bounds, gather)
+    (source, _), _ = next(iter(mine))
+    assert source.shape == (1, 8) and source[0, 0] == 2  # its 8, as pipeline 1 holds one too
+
+
+def test_pending_batches_are_bounded(caplog):
+    bounds = [4, 8]
+    # Pipeline 0 reads ten 8s before its first 4; pipeline 1 reads only 4s.
+    lonely = [batch(8, 1, 9)] * 10 + [batch(4, 1, 1)]
+    steps = ProcessBatches(
+        lambda: [iter(lonely), iter([batch(4, 1, 2)] * 11)], bounds, max_pending=3
+    )
+    (source, _), _ = next(iter(steps))
+    assert source.shape == (2, 4) and source[:, 0].tolist() == [1, 2]
+    assert "16 local batches dropped" in caplog.text  # 8 of each pipeline, 3 kept and one read
+
+
+def run_processes(out, flags, timeout=600):
+    """`kt train` as two JAX processes of one CPU device each, on a loopback coordinator."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    processes = []
+    for index in range(2):
+        env = {
+            **os.environ,
+            "KERAS_BACKEND": "jax",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+        command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags]
+        processes.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+        )
+    try:
+        logs = [process.communicate(timeout=timeout)[0] for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        logs = [process.communicate()[0] for process in processes]
+        pytest.fail("the processes did not finish:\n" + "\n".join(logs)[-6000:])
+    assert [p.returncode for p in processes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    return logs
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_process_on_the_same_global_batches(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--steps", "6", "--steps-per-epoch", "3", "--set", "output.heldout_split=none"]
+    run_processes(out, [*flags, *TINY])
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 6
+    train_dir = str(out / "data" / "train")
+    manifest = shards.read_manifest(train_dir)
+    assert len(manifest["corpora"][0]["shards"]) == 2  # one a process at least
+    # Process 1 prepared nothing: it waited for the chief's data.
+    assert not (out / "workers" / "worker-1" / "data").exists()
+    # One process, one device, the two pipelines' rows side by side: the same steps.
+    config = load_config(config_file=str(out / "config.json"))
+    batches = process_batches(config, manifest, train_dir, [0, 1], 2, row_multiple=1)
+    one = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
+    keras.utils.set_random_seed(config.optimization.seed)
+    with one.scope():
+        model, schedule, optimizer = build_model(config, str(out / "sentencepiece.model"))
+    trainer = JaxTrainer(model, optimizer, one, schedule=schedule)
+    history = trainer.fit(batches, steps=6, steps_per_epoch=3, verbose=0)
+    assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
+    trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
+    for expected, actual in zip(trained.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_allclose(actual, expected, atol=1e-4)

@@ -319,7 +319,7 @@ def batch_examples(
             vectors, as `tokenize_examples` returns them (for example saved
             and read back with `tf.data.Dataset.load`).
         batch_tokens: int, about this many tokens per side of each batch.
-        max_length: int, the longest example (for the bucket bounds).
+        max_length: int, longer examples are dropped; the bucket bounds reach it.
         shuffle: bool, shuffle examples and batches (each epoch anew).
         repeat: bool, repeat forever (shuffled anew each pass).
         seed: int, shuffling seed.
@@ -334,6 +334,7 @@ def batch_examples(
     Returns:
         `tf.data.Dataset` as in `make_dataset`.
     """
+    examples = examples.apply(filter_by_length(max_length))
     if cache:
         examples = examples.cache()
     if shuffle:

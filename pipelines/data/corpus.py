@@ -10,6 +10,7 @@ sets (validation, test) are read whole into lists of pairs.
 
 import dataclasses
 import gzip
+import hashlib
 import itertools
 import logging
 import os
@@ -108,6 +109,21 @@ def iter_parallel_lines(source_path, target_path):
 def nonempty(pairs):
     """The pairs of `pairs` whose two sides are both non-empty."""
     return ((source, target) for source, target in pairs if source and target)
+
+
+# Longer lines are left out of training: their pieces could overflow the uint16 length of a
+# prepared record (`pipelines.data.shards`), and no `max_length` a model trains with comes near
+# (SentencePiece's pieces hold up to 16 characters).
+MAX_CHARACTERS = 2**15 - 1
+
+
+def trainable(pairs):
+    """The pairs that training reads: both sides non-empty, neither over `MAX_CHARACTERS`."""
+    return (
+        (source, target)
+        for source, target in nonempty(pairs)
+        if len(source) <= MAX_CHARACTERS and len(target) <= MAX_CHARACTERS
+    )
 
 
 def read_parallel_files(source_path, target_path):
@@ -231,7 +247,7 @@ class Corpus:
         weight: float or None, its share of the training stream against the
             other corpora's weights; None: in proportion to its size.
         identity: dict, what a rerun compares to know it is the same corpus
-            (paths, sizes and modification times of files).
+            (the paths and sizes of files, a digest of pairs in memory).
     """
 
     name: str
@@ -242,8 +258,7 @@ class Corpus:
 
 def _file_identity(path):
     _open_text(path).close()  # the errors of a missing file or a folder, before any work
-    status = os.stat(path)
-    return {"path": os.path.abspath(path), "bytes": status.st_size, "mtime": status.st_mtime}
+    return {"path": os.path.abspath(path), "bytes": os.path.getsize(path)}
 
 
 def files_corpus(source_path, target_path, weight=None):
@@ -258,7 +273,16 @@ def files_corpus(source_path, target_path, weight=None):
 
 def pairs_corpus(name, pairs, weight=None):
     """A `Corpus` of pairs already in memory (the embedded, Multi30k and treebank corpora)."""
-    return Corpus(name=name, lines=lambda: iter(pairs), weight=weight, identity={"pairs": name})
+    identity = {"sha256": pairs_sha256(pairs)}
+    return Corpus(name=name, lines=lambda: iter(pairs), weight=weight, identity=identity)
+
+
+def pairs_sha256(pairs):
+    """A digest of `(source, target)` str pairs: equal for the same pairs in the same order."""
+    digest = hashlib.sha256()
+    for source, target in pairs:
+        digest.update(f"{source}\t{target}\n".encode())
+    return digest.hexdigest()
 
 
 def tfds_corpus(name, split, data_dir=None, source_language=None):

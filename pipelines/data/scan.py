@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from pipelines.data.corpus import MAX_CHARACTERS
 from pipelines.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,6 @@ class Progress:
         if self.total and rate > 0:
             text += f", about {max(self.total - self.done, 0) / rate:,.0f} s left"
         return text
-
-    @property
-    def rate(self):
-        """Counts a second since the start."""
-        return self.done / max(self.clock() - self.started, 1e-9)
 
 
 class Reservoir:
@@ -127,34 +123,49 @@ def scan(corpora, sample_size, seed):
         corpora: list of `Corpus`.
         sample_size: int, pairs sampled from all corpora together, shared
             out by `mixing_shares`; a corpus gives all its pairs at most.
+            Memory: a reservoir of `sample_size` pairs a corpus (of its share
+            of them where the corpora have weights).
         seed: int, the sampling seed.
 
     Returns:
         dict with `lines` and `pairs` (lists of int, per corpus: lines read,
-        pairs kept) and `sample` (list of `(source, target)` str pairs, in
-        corpus order within each corpus).
+        pairs kept: both sides non-empty and within `MAX_CHARACTERS`) and
+        `sample` (list of `(source, target)` str pairs; a corpus that the
+        sample takes whole comes in its order).
 
     Raises:
         DataError: a file is missing or undecodable, files are not aligned, or
             a corpus has no non-empty pair.
     """
     reservoirs, lines = [], []
+    # With weights the shares are known before counting: each reservoir holds its share.
+    sizes = [sample_size] * len(corpora)
+    if corpora and corpora[0].weight is not None:
+        sizes = [
+            math.ceil(sample_size * share) for share in mixing_shares(corpora, [0] * len(corpora))
+        ]
     for index, corpus in enumerate(corpora):
-        reservoir = Reservoir(sample_size, np.random.default_rng([seed, index]))
+        reservoir = Reservoir(sizes[index], np.random.default_rng([seed, index]))
         progress = Progress(f"Checking {corpus.name}", unit="lines")
-        count = 0
+        count = empty = 0
         for count, (source, target) in enumerate(corpus.lines(), start=1):  # noqa: B007
             if count % 100_000 == 0:
                 progress.update(100_000)
-            if source and target:
+            if not (source and target):
+                empty += 1
+            elif len(source) <= MAX_CHARACTERS and len(target) <= MAX_CHARACTERS:
                 reservoir.add((source, target))
         if not reservoir.seen:
             raise DataError(f"No sentence pairs in {corpus.name}: the corpus is empty")
-        if reservoir.seen < count:
+        if empty:
             logger.warning(
-                "Dropped %d of %d pairs with an empty side from %s",
-                count - reservoir.seen,
-                count,
+                "Dropped %d of %d pairs with an empty side from %s", empty, count, corpus.name
+            )
+        if count - empty - reservoir.seen:
+            logger.warning(
+                "Dropped %d pairs with a side over %d characters from %s",
+                count - empty - reservoir.seen,
+                MAX_CHARACTERS,
                 corpus.name,
             )
         logger.info("%s: %s pairs", corpus.name, f"{reservoir.seen:,}")

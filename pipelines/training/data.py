@@ -7,7 +7,7 @@ that a rerun skips when complete:
   2. `sentencepiece.model`: trained on that sample, beside the run's other
      outputs; the sample is then removed;
   3. `train/` and `validation/`: tokenized shards and their manifest
-     (`shards.prepare_shards`).
+     (`preparation.prepare_shards`).
 Every other worker waits for the chief's complete manifests and reads its
 own share of the shards. Nothing holds the training corpus in memory: the
 validation and test sets, small, are read whole.
@@ -19,7 +19,7 @@ import logging
 import os
 import shutil
 
-from pipelines.data import corpus, default_corpus, scan, shards, tokenizer
+from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
 from pipelines.errors import DataError
 from pipelines.files import atomic_text, write_json
 from pipelines.parsing import trees
@@ -89,8 +89,12 @@ def load_corpora(config):
     return [tfds(data.tfds_train_split)], list(corpus.nonempty(validation.lines())), None
 
 
-def _plan(config, corpora, folder, workers):
-    """The scan's counts and the shard plan, from `plan.json` or a new scan (writing the sample)."""
+def _plan(config, corpora, folder, workers, spm_path):
+    """The scan's counts and the shard plan, from `plan.json` or a new scan (writing the sample).
+
+    Raises:
+        DataError: `folder` holds a plan of other corpora or data settings.
+    """
     path = os.path.join(folder, "plan.json")
     batching, seed = config.batching, config.optimization.seed
     identity = {
@@ -101,15 +105,19 @@ def _plan(config, corpora, folder, workers):
         "shard_size": config.data.shard_size,
         "subword_sampling": batching.subword_sampling,
         "subword_copies": batching.subword_copies if batching.subword_sampling else 1,
-        "min_shards": workers,
     }
+    sample = os.path.join(folder, "sample.txt")
+    if os.path.exists(path) and not (os.path.exists(spm_path) or os.path.exists(sample)):
+        os.remove(path)  # the vocabulary was removed after its sample: sample again
     if os.path.exists(path):
         plan = _read_json(path)
         if plan["identity"] != identity:
             differing = [k for k in identity if plan["identity"].get(k) != identity[k]]
+            data_dir = os.path.dirname(folder)
             raise DataError(
-                f"{folder} holds data prepared from other data or settings "
-                f"({', '.join(differing)}): train into a new output_dir"
+                f"{data_dir} holds data prepared from other data or settings "
+                f"({', '.join(differing)}): use a new output_dir, or delete {data_dir} "
+                "to prepare these corpora"
             )
         return plan
     found = scan.scan(corpora, batching.vocabulary_sample, seed)
@@ -123,7 +131,7 @@ def _plan(config, corpora, folder, workers):
         "lines": found["lines"],
         "pairs": found["pairs"],
         "shares": scan.mixing_shares(corpora, found["pairs"]),
-        "shards": shards.plan_shards(found["pairs"], copies, config.data.shard_size, workers),
+        "shards": preparation.plan_shards(found["pairs"], copies, config.data.shard_size, workers),
         "seed": seed,
         "copies": copies,
     }
@@ -226,13 +234,13 @@ def prepare_data(config, out_dir, workers=1):
         the validation manifest or None, and the held-out pair lists
         `(validation_pairs, test_pairs)` as `load_corpora` gives them.
     """
-    corpora, validation_pairs, test_pairs = load_corpora(config)
     data_dir = os.path.join(out_dir, "data")
-    if os.path.exists(os.path.join(data_dir, READY)):
+    if os.path.exists(os.path.join(data_dir, READY)):  # other workers wait until it is again
         os.remove(os.path.join(data_dir, READY))
+    corpora, validation_pairs, test_pairs = load_corpora(config)
     train_dir = os.path.join(data_dir, "train")
-    plan = _plan(config, corpora, train_dir, workers)
     spm_path = os.path.join(out_dir, "sentencepiece.model")
+    plan = _plan(config, corpora, train_dir, workers, spm_path)
     if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
         train_vocabulary(config, _sample_pairs(train_dir), spm_path)
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
@@ -240,7 +248,7 @@ def prepare_data(config, out_dir, workers=1):
     identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
     dtype = shards.record_dtype(tokenizer.vocabulary_size(spm_path))
     plan = {**plan, "identity": identity, "dtype": dtype}
-    train = shards.read_manifest(train_dir, identity) or shards.prepare_shards(
+    train = shards.read_manifest(train_dir, identity) or preparation.prepare_shards(
         corpora, train_dir, spm_path, plan, config.batching.subword_sampling
     )
     _log_manifest(train_dir, train)
@@ -254,7 +262,7 @@ def prepare_data(config, out_dir, workers=1):
 
 def _prepare_heldout(pairs, folder, plan):
     """The validation pairs in one shard, deterministic segmentation."""
-    identity = {"vocabulary": plan["identity"]["vocabulary"], "pairs": len(pairs)}
+    identity = {"vocabulary": plan["identity"]["vocabulary"], "pairs": corpus.pairs_sha256(pairs)}
     manifest = shards.read_manifest(folder, None)
     if manifest is not None and manifest["identity"] == identity:
         return manifest
@@ -270,7 +278,9 @@ def _prepare_heldout(pairs, folder, plan):
         "dtype": plan["dtype"],
     }
     spm = os.path.join(os.path.dirname(os.path.dirname(folder)), "sentencepiece.model")
-    return shards.prepare_shards([corpus.pairs_corpus("validation", pairs)], folder, spm, heldout)
+    return preparation.prepare_shards(
+        [corpus.pairs_corpus("validation", pairs)], folder, spm, heldout
+    )
 
 
 def _log_manifest(folder, manifest):

@@ -175,6 +175,11 @@ class JaxTrainer(TrainingLoop):
         optimizer_variables = [scope.get_current_value(v) for v in self.optimizer.variables]
         return trainable, non_trainable, optimizer_variables, sums
 
+    @property
+    def spans_processes(self):
+        """Whether the model's weights are arrays of several processes (a multi-process run)."""
+        return jax.process_count() > 1
+
     # The loop's half -----------------------------------------------------
 
     def _place(self, batch, process_local=False):

@@ -14,7 +14,9 @@ is the processes' local batches one after another, by process index.
 A bucket that one process meets far more often than another (a rare length
 whose few examples fell in one process's shards) waits in its queue; past
 `max_pending` batches a process drops its oldest batch of its fullest
-bucket, so memory stays bounded, and logs how many it dropped.
+bucket, so memory stays bounded, and logs how many it dropped. A process
+whose stream ends says so in the same all-gather, and every process stops
+there, none left waiting in a collective.
 """
 
 import collections
@@ -48,10 +50,11 @@ class ProcessBatches:
             when one process stands for all (tests, a reference run).
         bounds: list of int, the buckets' length bounds (a batch's source
             length is one of them).
-        gather: callable from this process's pending counts, int `(k, n)`
-            for its `k` pipelines and `n` buckets, to every pipeline's, `(P, n)`
-            in pipeline order (`process_allgather`); None: this process runs
-            every pipeline.
+        gather: callable from this process's rows, int `(k, n + 1)` for its
+            `k` pipelines (the pending batches of each of `n` buckets, then 1
+            where the pipeline's stream has ended), to every pipeline's,
+            `(P, n + 1)` in pipeline order (`process_allgather`); None: this
+            process runs every pipeline.
         max_pending: int, local batches a pipeline may hold before it drops.
 
     Yields:
@@ -73,6 +76,7 @@ class ProcessBatches:
         streams = self.make_streams()
         pending = [collections.defaultdict(collections.deque) for _ in streams]
         buckets = len(self.bounds)
+        ended = [False] * len(streams)
         dropped = 0
         while True:
             for queues in pending:
@@ -80,15 +84,23 @@ class ProcessBatches:
                     fullest = max(queues, key=lambda b: len(queues[b]))
                     queues[fullest].popleft()
                     dropped += 1
-                    logger.warning("%d local batches dropped waiting for other processes", dropped)
-            counts = np.array([[len(q[b]) for b in range(buckets)] for q in pending], np.int32)
-            common = np.asarray(self.gather(counts)).reshape(-1, buckets).min(axis=0)
+                    if dropped & (dropped - 1) == 0:  # 1, 2, 4, 8, ...: a line now and then
+                        logger.warning("%d local batches dropped waiting for others", dropped)
+            rows = [
+                [len(q[b]) for b in range(buckets)] + [end]
+                for q, end in zip(pending, ended, strict=True)
+            ]
+            gathered = np.asarray(self.gather(np.array(rows, np.int32))).reshape(-1, buckets + 1)
+            if gathered[:, -1].any():  # a stream has ended (training streams repeat)
+                return
+            common = gathered[:, :-1].min(axis=0)
             if common.max() > 0:
                 bucket = int(np.argmax(common))  # the first of the largest: the shortest on a tie
                 yield _concatenate([queues[bucket].popleft() for queues in pending])
                 continue
-            for stream, queues in zip(streams, pending, strict=True):
+            for i, (stream, queues) in enumerate(zip(streams, pending, strict=True)):
                 batch = next(stream, None)
-                if batch is None:  # a finite stream (training streams repeat)
-                    return
-                queues[_bucket(batch, self.bounds)].append(batch)
+                if batch is None:
+                    ended[i] = True
+                else:
+                    queues[_bucket(batch, self.bounds)].append(batch)

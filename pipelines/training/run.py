@@ -389,6 +389,9 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     else:
         with atomic_output(model_path, suffix=".keras") as staging:
             model.save(staging)
+        if getattr(trainer, "spans_processes", False):
+            # Its weights live in every process: process 0 decodes alone on a copy of its own.
+            model = keras.saving.load_model(model_path)
     result = {
         "steps": optimizer_steps(trainer.optimizer),
         "final_learning_rate": trainer.learning_rate(),

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import (
     beam_stop_rule,
     common,
+    corpus_scale,
     cpu_training_step,
     decoding,
     decoding_concurrency,
@@ -429,3 +430,43 @@ def test_sampling_smoke(tiny_run, tmp_path):
     assert result["saved_model_top_k_over_greedy"] == pytest.approx(
         rates["saved_model_sample_top_k_10"] / rates["saved_model_greedy"], rel=0.01
     )
+
+
+def test_corpus_scale_smoke(multi30k_dir, tmp_path):
+    output, work = tmp_path / "corpus_scale.json", tmp_path / "work"
+    argv = ["--multi30k-dir", multi30k_dir, "--sizes", "3000", "6000", "--work-dir", str(work),
+            "--steps", "2", "--vocabulary-size", "300", "--batch-tokens", "512",
+            "--encoder-pairs", "1000", "--stream-batch-tokens", "2048", "--stream-seconds", "1",
+            "--output", str(output)]  # fmt: skip
+    corpus_scale.main(argv)
+    result = read(output)
+    for size in ("3000", "6000"):
+        run = result["runs"][size]
+        assert run["pairs"] == int(size) and run["target_tokens"] > 20 * int(size)
+        assert 0 < run["peak_mib_preparation"] <= run["peak_mib"]
+        assert run["preparation_pairs_per_second"] > 0 and run["shard_bytes"] > 0
+        assert run["seconds"]["scanned"] < run["seconds"]["model_built"]
+    assert result["sentencepiece_encoder_pairs_per_second"] > 0
+    assert result["stream_target_tokens_per_second_per_core"] > 0
+    assert result["gpu_consumption"]["target_tokens_per_second"] > 0
+    assert not work.exists()  # the corpora and runs are removed
+
+
+def test_corpus_scale_lines_are_two_multi30k_sentences(multi30k_dir, tmp_path):
+    from pipelines.data.corpus import load_multi30k, read_parallel_files
+
+    targets = {}  # a training source's translations
+    for source, target in load_multi30k(multi30k_dir, "train"):
+        targets.setdefault(source, set()).add(target)
+    pairs = read_parallel_files(*corpus_scale.build_corpus(multi30k_dir, 50, str(tmp_path)))
+    assert len(pairs) == 50
+    for source, target in pairs:  # both sides join the same two training pairs
+        assert any(
+            source.startswith(first + " ")
+            and any(
+                target == f"{a} {b}"
+                for a in targets[first]
+                for b in targets.get(source[len(first) + 1 :], ())
+            )
+            for first in targets
+        ), (source, target)

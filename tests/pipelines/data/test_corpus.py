@@ -83,3 +83,13 @@ def test_tfds_translation_dataset_with_mock_data():
 def test_unknown_tfds_name_is_a_clear_error():
     with pytest.raises(DataError, match="Unknown TFDS dataset 'no_such_translate/xx-yy'"):
         load_tfds("no_such_translate/xx-yy", "train")
+
+
+def test_tfds_source_language_chooses_the_direction():
+    with tfds.testing.mock_data(num_examples=5):
+        supervised = list(load_tfds("ted_hrlr_translate/pt_to_en", "train").as_numpy_iterator())
+        english_first = load_tfds("ted_hrlr_translate/pt_to_en", "train", source_language="en")
+        reversed_pairs = list(english_first.as_numpy_iterator())
+        with pytest.raises(DataError, match=r"has the features \['en', 'pt'\], not 'de'"):
+            load_tfds("ted_hrlr_translate/pt_to_en", "train", source_language="de")
+    assert reversed_pairs == [(target, source) for source, target in supervised]

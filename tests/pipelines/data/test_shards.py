@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipelines.data import scan, shards
+from pipelines.data import preparation, scan, shards
 from pipelines.data.batching import batch_examples, tokenize_examples
 from pipelines.data.corpus import files_corpus, iter_parallel_lines, pairs_corpus
 from pipelines.data.default_corpus import generate_pairs
@@ -38,7 +38,7 @@ def make_plan(corpora, seed=0, shard_size=200, min_shards=1, copies=1, identity=
         "lines": found["lines"],
         "pairs": found["pairs"],
         "shares": scan.mixing_shares(corpora, found["pairs"]),
-        "shards": shards.plan_shards(found["pairs"], copies, shard_size, min_shards),
+        "shards": preparation.plan_shards(found["pairs"], copies, shard_size, min_shards),
         "seed": seed,
         "copies": copies,
         "dtype": "uint16",
@@ -114,7 +114,7 @@ def test_the_vocabulary_sample_follows_the_shares_of_the_stream():
 def test_records_decode_to_the_examples_the_in_graph_tokenizer_makes(tmp_path, vocabulary):
     pairs = generate_pairs(700, seed=5)
     corpora = [pairs_corpus("pairs", pairs)]
-    manifest = shards.prepare_shards(corpora, str(tmp_path), vocabulary, make_plan(corpora))
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, make_plan(corpora))
     assert [len(c["shards"]) for c in manifest["corpora"]] == [4]  # 700 pairs / 200 a shard
     assert sum(s["records"] for s in manifest["corpora"][0]["shards"]) == 700
     tokenized = tokenize_examples(pairs, load_tokenizer(vocabulary), 10_000)
@@ -130,12 +130,12 @@ def test_a_killed_preparation_resumes_to_the_same_shards(tmp_path, vocabulary, m
     source = write_lines(tmp_path / "c.en", [s for s, _ in pairs])
     target = write_lines(tmp_path / "c.de", [t for _, t in pairs])
     corpora = [files_corpus(source, target)]
-    monkeypatch.setattr(shards, "PART_LINES", 250)  # four parts
+    monkeypatch.setattr(preparation, "PART_LINES", 250)  # four parts
     plan = make_plan(corpora)
     clean = tmp_path / "clean"
-    shards.prepare_shards(corpora, str(clean), vocabulary, plan)
+    preparation.prepare_shards(corpora, str(clean), vocabulary, plan)
 
-    killed, write_part, written = tmp_path / "killed", shards._write_part, []
+    killed, write_part, written = tmp_path / "killed", preparation._write_part, []
 
     def dies_on_the_third_part(*args):
         if len(written) == 2:
@@ -143,17 +143,19 @@ def test_a_killed_preparation_resumes_to_the_same_shards(tmp_path, vocabulary, m
         written.append(args[3])
         write_part(*args)
 
-    monkeypatch.setattr(shards, "_write_part", dies_on_the_third_part)
+    monkeypatch.setattr(preparation, "_write_part", dies_on_the_third_part)
     with pytest.raises(KeyboardInterrupt):
-        shards.prepare_shards(corpora, str(killed), vocabulary, plan)
+        preparation.prepare_shards(corpora, str(killed), vocabulary, plan)
     assert shards.read_manifest(str(killed)) is None  # never trained on
     done = sorted((killed / "parts").glob("*/done.json"))
     assert len(done) == 2
     times = [p.stat().st_mtime_ns for p in done]
 
     written.clear()
-    monkeypatch.setattr(shards, "_write_part", lambda *a: (written.append(a[3]), write_part(*a)))
-    write_shard, shuffled = shards._write_shard, []
+    monkeypatch.setattr(
+        preparation, "_write_part", lambda *a: (written.append(a[3]), write_part(*a))
+    )
+    write_shard, shuffled = preparation._write_shard, []
 
     def dies_after_one_shard(*args):
         if shuffled:
@@ -161,9 +163,9 @@ def test_a_killed_preparation_resumes_to_the_same_shards(tmp_path, vocabulary, m
         shuffled.append(args[2])
         return write_shard(*args)
 
-    monkeypatch.setattr(shards, "_write_shard", dies_after_one_shard)
+    monkeypatch.setattr(preparation, "_write_shard", dies_after_one_shard)
     with pytest.raises(KeyboardInterrupt):
-        shards.prepare_shards(corpora, str(killed), vocabulary, plan)
+        preparation.prepare_shards(corpora, str(killed), vocabulary, plan)
     assert written == [2, 3]  # only the parts not complete
     assert [p.stat().st_mtime_ns for p in done] == times
     assert shards.read_manifest(str(killed)) is None
@@ -172,8 +174,8 @@ def test_a_killed_preparation_resumes_to_the_same_shards(tmp_path, vocabulary, m
         shuffled.append(args[2])
         return write_shard(*args)
 
-    monkeypatch.setattr(shards, "_write_shard", counts_shards)
-    manifest = shards.prepare_shards(corpora, str(killed), vocabulary, plan)
+    monkeypatch.setattr(preparation, "_write_shard", counts_shards)
+    manifest = preparation.prepare_shards(corpora, str(killed), vocabulary, plan)
     assert shuffled == [0, 1, 2, 3, 4]  # shard 0 was complete and kept
     assert shard_bytes(killed) == shard_bytes(clean)
     assert manifest["corpora"] == json.loads((clean / "manifest.json").read_text())["corpora"]
@@ -182,7 +184,7 @@ def test_a_killed_preparation_resumes_to_the_same_shards(tmp_path, vocabulary, m
 def test_only_a_complete_preparation_of_the_same_data_is_read(tmp_path, vocabulary):
     corpora = [pairs_corpus("pairs", generate_pairs(300, seed=7))]
     plan = make_plan(corpora, identity={"corpus": "a"})
-    shards.prepare_shards(corpora, str(tmp_path), vocabulary, plan)
+    preparation.prepare_shards(corpora, str(tmp_path), vocabulary, plan)
     assert shards.read_manifest(str(tmp_path), {"corpus": "a"}) is not None
     with pytest.raises(DataError, match=r"other settings \(corpus\)"):
         shards.read_manifest(str(tmp_path), {"corpus": "b"})
@@ -196,7 +198,7 @@ def test_only_a_complete_preparation_of_the_same_data_is_read(tmp_path, vocabula
 def test_each_worker_reads_its_own_shards_and_together_all(tmp_path, vocabulary):
     corpora = [pairs_corpus("pairs", generate_pairs(500, seed=8))]
     plan = make_plan(corpora, shard_size=1000, min_shards=2)
-    manifest = shards.prepare_shards(corpora, str(tmp_path), vocabulary, plan)
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, plan)
     assert len(manifest["corpora"][0]["shards"]) == 2
     everything = examples_of(shards.read_examples(manifest, str(tmp_path)).as_numpy_iterator())
     per_worker = [
@@ -244,7 +246,7 @@ def test_a_sorted_corpus_trains_on_batches_as_mixed_as_a_shuffled_one(tmp_path):
     def batches(pairs, name):
         corpora = [pairs_corpus(name, pairs)]
         folder = str(tmp_path / name)
-        manifest = shards.prepare_shards(
+        manifest = preparation.prepare_shards(
             corpora, folder, spm_path, make_plan(corpora, shard_size=500)
         )
         examples = shards.read_examples(manifest, folder, shuffle=True, seed=1)
@@ -273,7 +275,7 @@ def test_corpora_are_mixed_by_their_weights(tmp_path, vocabulary):
 
     def share_of_small(corpora, name):
         folder = str(tmp_path / name)
-        manifest = shards.prepare_shards(corpora, folder, vocabulary, make_plan(corpora))
+        manifest = preparation.prepare_shards(corpora, folder, vocabulary, make_plan(corpora))
         stream = shards.read_examples(manifest, folder, shuffle=True, seed=2).take(4000)
         import sentencepiece as spm
 
@@ -292,7 +294,7 @@ def test_bpe_dropout_copies_are_other_segmentations_of_the_same_text(tmp_path, v
     pairs = generate_pairs(200, seed=10)
     corpora = [pairs_corpus("pairs", pairs)]
     plan = make_plan(corpora, copies=2)
-    manifest = shards.prepare_shards(corpora, str(tmp_path), vocabulary, plan, alpha=0.3)
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, plan, alpha=0.3)
     assert manifest["corpora"][0]["examples"] == 400
     processor = spm.SentencePieceProcessor(model_file=vocabulary)
     read = examples_of(shards.read_examples(manifest, str(tmp_path)).as_numpy_iterator())
@@ -307,8 +309,64 @@ def test_bpe_dropout_copies_are_other_segmentations_of_the_same_text(tmp_path, v
 
     # Seeded on one thread: the same plan samples the same copies, another seed others.
     def prepare(name, plan):
-        shards.prepare_shards(corpora, str(tmp_path / name), vocabulary, plan, 0.3, threads=1)
+        preparation.prepare_shards(corpora, str(tmp_path / name), vocabulary, plan, 0.3, threads=1)
         return shard_bytes(tmp_path / name)
 
     assert prepare("one", plan) == prepare("again", plan)
     assert prepare("other", make_plan(corpora, seed=1, copies=2)) != prepare("one", plan)
+
+
+def test_progress_lines_give_the_rate_and_the_time_left(caplog):
+    import logging
+
+    now = [0.0]
+    progress = scan.Progress("Tokenizing a / b", total=1000, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO):
+        now[0] = 10.0
+        progress.update(100)  # 10 s: too soon for a line
+        now[0] = 40.0
+        progress.update(300)
+    assert caplog.messages == ["Tokenizing a / b: 400/1,000 pairs, 10 pairs/s, about 60 s left"]
+
+
+def test_training_batches_leave_out_pairs_over_max_length(tmp_path, vocabulary):
+    pairs = generate_pairs(400, seed=11)
+    corpora = [pairs_corpus("pairs", pairs)]
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, make_plan(corpora))
+    examples = shards.read_examples(manifest, str(tmp_path))
+    kept = 0
+    for (source, target_input), _ in batch_examples(examples, 256, 12, shuffle=False):
+        assert source.shape[1] <= 12 and target_input.shape[1] <= 12
+        kept += int(source.shape[0])
+    short = tokenize_examples(pairs, load_tokenizer(vocabulary), 12)  # filters by length
+    assert 0 < kept == sum(1 for _ in short) < 400
+
+
+def test_parts_and_shards_of_another_vocabulary_are_not_kept(tmp_path, vocabulary, monkeypatch):
+    corpora = [pairs_corpus("pairs", generate_pairs(500, seed=12))]
+    preparation.prepare_shards(corpora, str(tmp_path), vocabulary, make_plan(corpora))
+    written, write_shard = [], preparation._write_shard
+
+    def counts_shards(*args):
+        written.append(args[2])
+        return write_shard(*args)
+
+    monkeypatch.setattr(preparation, "_write_shard", counts_shards)
+    preparation.prepare_shards(corpora, str(tmp_path), vocabulary, make_plan(corpora))
+    assert written == []  # the same identity: complete shards are kept
+    other = make_plan(corpora, identity={"vocabulary": "another"})
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, other)
+    assert written == [0, 1, 2]
+    assert shards.read_manifest(str(tmp_path), {"vocabulary": "another"}) == manifest
+
+
+def test_lines_too_long_to_train_on_are_counted_and_left_out(tmp_path, vocabulary, caplog):
+    from pipelines.data.corpus import MAX_CHARACTERS
+
+    pairs = generate_pairs(30, seed=13) + [("x" * (MAX_CHARACTERS + 1), "y")]
+    corpora = [pairs_corpus("pairs", pairs)]
+    plan = make_plan(corpora)
+    assert plan["pairs"] == [30] and plan["lines"] == [31]
+    assert "Dropped 1 pairs with a side over 32767 characters" in caplog.text
+    manifest = preparation.prepare_shards(corpora, str(tmp_path), vocabulary, plan)
+    assert manifest["corpora"][0]["examples"] == 30

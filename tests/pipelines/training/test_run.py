@@ -253,7 +253,11 @@ def test_a_run_folder_prepared_from_other_data_is_refused(tmp_path, capsys):
     out = ["--output-dir", str(tmp_path / "run"), "--steps", "2"]
     assert main(out + TINY) == 0
     plan = (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes()
-    err = run_main(capsys, *out, *TINY, "--set", "vocabulary_sample=100", "--seed", "3")
-    assert "holds data prepared from other data or settings (seed, vocabulary_sample)" in err
-    assert "new output_dir" in err
+    err = run_main(capsys, *out, *TINY, "--set", "vocabulary_sample=100", "--shard-size", "9")
+    data = tmp_path / "run" / "data"
+    assert (
+        f"{data} holds data prepared from other data or settings (vocabulary_sample, shard_size)"
+        in err
+    )
+    assert f"use a new output_dir, or delete {data}" in err
     assert (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes() == plan

@@ -34,9 +34,9 @@ def _bucket(batch, bounds):
 
 def _concatenate(batches):
     """One batch of the rows of several, in order: `((source, target_input), target_output)`."""
-    (sources, inputs), outputs = zip(*[((s, i), o) for (s, i), o in batches], strict=True)
-    join = np.concatenate
-    return (join(sources), join(inputs)), join(outputs)
+    sources = np.concatenate([source for (source, _), _ in batches])
+    inputs = np.concatenate([target_input for (_, target_input), _ in batches])
+    return (sources, inputs), np.concatenate([target_output for _, target_output in batches])
 
 
 class ProcessBatches:

@@ -100,6 +100,35 @@ def killed_and_resumed(command, cwd, env, backup_file, result_file, timeout=600)
     )
 
 
+def run_together(command, cwd, environments, timeout=600):
+    """Runs `command` once per environment, all at once (the workers or processes of one run).
+
+    A process that has not finished after `timeout` seconds (the others wait in a collective
+    when one stopped early) fails the test, and all are killed.
+
+    Returns:
+        list of str, each process's output (stdout and stderr), once all exited with status 0.
+    """
+    import pytest
+
+    processes = [
+        subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for env in environments
+    ]
+    try:
+        logs = [process.communicate(timeout=timeout)[0] for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        logs = [process.communicate()[0] for process in processes]
+        pytest.fail(f"the processes did not finish in {timeout} s:\n" + "\n".join(logs)[-6000:])
+    codes = [process.returncode for process in processes]
+    assert codes == [0] * len(processes), "\n".join(log[-3000:] for log in logs)
+    return logs
+
+
 def random_transformer(sources, vocabulary_size, num_layers, seed):
     """A small `Transformer` with NumPy-drawn weights, the same under every backend.
 

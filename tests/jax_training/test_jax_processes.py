@@ -3,7 +3,6 @@
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import keras
@@ -12,10 +11,11 @@ import pytest
 
 from pipelines.data import shards
 from pipelines.training.config import load_config
-from pipelines.training.jax_trainer import JaxTrainer
 from pipelines.training.process_batches import ProcessBatches
-from pipelines.training.run import build_model, process_batches
+from pipelines.training.run import process_batches
+from tests.jax_training.shared import train_on_one_device
 from tests.pipelines.training.shared import TINY
+from tests.test_case import run_together
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -71,9 +71,8 @@ def test_pending_batches_are_bounded(caplog):
 def run_processes(out, flags, timeout=600):
     """`kt train` as two JAX processes of one CPU device each, on a loopback coordinator."""
     coordinator = f"127.0.0.1:{free_port()}"
-    processes = []
-    for index in range(2):
-        env = {
+    environments = [
+        {
             **os.environ,
             "KERAS_BACKEND": "jax",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
@@ -82,26 +81,10 @@ def run_processes(out, flags, timeout=600):
             "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }
-        command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags]
-        processes.append(
-            subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )  # fmt: skip
-        )
-    try:
-        logs = [process.communicate(timeout=timeout)[0] for process in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        logs = [process.communicate()[0] for process in processes]
-        pytest.fail("the processes did not finish:\n" + "\n".join(logs)[-6000:])
-    assert [p.returncode for p in processes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    return logs
+        for index in range(2)
+    ]
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags]
+    return run_together(command, ROOT, environments, timeout)
 
 
 @pytest.mark.slow
@@ -119,12 +102,7 @@ def test_two_processes_train_as_one_process_on_the_same_global_batches(tmp_path)
     # One process, one device, the two pipelines' rows side by side: the same steps.
     config = load_config(config_file=str(out / "config.json"))
     batches = process_batches(config, manifest, train_dir, [0, 1], 2, row_multiple=1)
-    one = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
-    keras.utils.set_random_seed(config.optimization.seed)
-    with one.scope():
-        model, schedule, optimizer = build_model(config, str(out / "sentencepiece.model"))
-    trainer = JaxTrainer(model, optimizer, one, schedule=schedule)
-    history = trainer.fit(batches, steps=6, steps_per_epoch=3, verbose=0)
+    history, model, _ = train_on_one_device(config, out, batches, steps=6, steps_per_epoch=3)
     assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
     trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
     for expected, actual in zip(trained.get_weights(), model.get_weights(), strict=True):

@@ -13,8 +13,8 @@ from pipelines.data import batching, shards
 from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece
 from pipelines.evaluation import translate
 from pipelines.training.config import load_config
-from pipelines.training.jax_trainer import JaxTrainer
-from pipelines.training.run import JAX_BUCKET_RATIO, build_model
+from pipelines.training.run import JAX_BUCKET_RATIO
+from tests.jax_training.shared import train_on_one_device
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed, random_transformer
 
@@ -54,12 +54,7 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
         row_multiple=2,
         ratio=JAX_BUCKET_RATIO,
     )
-    one = keras.distribution.DataParallel(devices=keras.distribution.list_devices()[:1])
-    keras.utils.set_random_seed(config.optimization.seed)
-    with one.scope():
-        model, schedule, optimizer = build_model(config, str(out / "sentencepiece.model"))
-    trainer = JaxTrainer(model, optimizer, one, schedule=schedule)
-    history = trainer.fit(data, steps=6, steps_per_epoch=3, verbose=0)
+    history, model, trainer = train_on_one_device(config, out, data, steps=6, steps_per_epoch=3)
     assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
     validation_dir = str(out / "data" / "validation")
     validation = batching.batch_examples(

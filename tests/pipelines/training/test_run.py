@@ -12,7 +12,7 @@ from pipelines.commands.train import main
 from pipelines.data import shards
 from pipelines.data.default_corpus import default_corpus
 from tests.pipelines.training.shared import TINY
-from tests.test_case import killed_and_resumed
+from tests.test_case import killed_and_resumed, run_together
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -141,46 +141,20 @@ def free_port():
 
 
 def train_on_two_workers(out, *flags, timeout=600):
-    """Runs the train command as two local workers; returns their two logs.
-
-    A worker that has not finished after `timeout` seconds (both wait in an
-    all-reduce when one of them stopped early) fails the test, and both are
-    killed.
-    """
+    """Runs the train command as two local workers; returns their two logs."""
     workers = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "2"}
-        command = [
-            sys.executable,
-            "-m",
-            "pipelines",
-            "train",
-            "--output-dir",
-            str(out),
-            *flags,
-            *TINY,
-        ]
-        processes.append(
-            subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )  # fmt: skip
-        )
-    try:
-        logs = [process.communicate(timeout=timeout)[0] for process in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        logs = [process.communicate()[0] for process in processes]
-        pytest.fail(f"the workers did not finish in {timeout} s:\n" + "\n".join(logs)[-6000:])
-    assert [p.returncode for p in processes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    return logs
+    environments = [
+        {
+            **os.environ,
+            "TF_CONFIG": json.dumps(
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            ),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+        for index in range(2)
+    ]
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags, *TINY]
+    return run_together(command, ROOT, environments, timeout)
 
 
 def worker_outputs(out):

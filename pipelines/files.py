@@ -132,6 +132,12 @@ def atomic_text(path):
             os.fsync(handle.fileno())
 
 
+def read_json(path):
+    """The JSON value in the UTF-8 file `path`."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
 def write_json(path, data):
     """Writes `data` as indented JSON to `path`, atomically."""
     with atomic_text(path) as handle:

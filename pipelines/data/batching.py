@@ -236,7 +236,7 @@ def sampled_examples(pairs, model_path, max_length, alpha, copies=1, seed=0, chu
     the graph: tensorflow-text's sampling tokenizer takes no seed, and one
     thread makes the samples reproducible. For pairs in memory (studies,
     benchmarks); `kt train` samples its copies while preparing its shards
-    (`pipelines.data.shards`).
+    (`pipelines.data.preparation`).
 
     Args:
         pairs: list of `(source, target)` str pairs, or a `tf.data.Dataset` of
@@ -316,8 +316,8 @@ def batch_examples(
 
     Args:
         examples: `tf.data.Dataset` of dicts of int32 `source` and `target`
-            vectors, as `tokenize_examples` returns them (for example saved
-            and read back with `tf.data.Dataset.load`).
+            vectors, as `tokenize_examples` or `shards.read_examples` return
+            them.
         batch_tokens: int, about this many tokens per side of each batch.
         max_length: int, longer examples are dropped; the bucket bounds reach it.
         shuffle: bool, shuffle examples and batches (each epoch anew).

@@ -36,7 +36,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from pipelines.data.corpus import trainable
-from pipelines.data.scan import Progress
+from pipelines.data.progress import Progress
 from pipelines.data.shards import FORMAT, MANIFEST, encode_records, shard_name
 from pipelines.errors import DataError
 from pipelines.files import atomic_output, staging_folder, write_json
@@ -248,8 +248,26 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
         dict, the manifest (see `read_manifest`).
     """
     started = time.monotonic()
-    encoder = Encoder(spm_path, alpha, threads)
     _begin(folder, plan["identity"], max(plan["shards"]))
+    _tokenize_parts(corpora, folder, plan, Encoder(spm_path, alpha, threads))
+    tokenized = time.monotonic() - started
+    manifest = {
+        "format": FORMAT,
+        "identity": plan["identity"],
+        "dtype": plan["dtype"],
+        "corpora": _shuffle_shards(corpora, folder, plan),
+        "seconds": {
+            "tokenizing": round(tokenized, 1),
+            "shuffling": round(time.monotonic() - started - tokenized, 1),
+        },
+    }
+    write_json(os.path.join(folder, MANIFEST), manifest)
+    shutil.rmtree(os.path.join(folder, "parts"), ignore_errors=True)
+    return manifest
+
+
+def _tokenize_parts(corpora, folder, plan, encoder):
+    """Pass 1: every part not yet complete, tokenized into its bucket files."""
     for index, corpus in enumerate(corpora):
         total = plan["pairs"][index] * plan["copies"]
         progress = Progress(f"Tokenizing {corpus.name}", total)
@@ -268,7 +286,10 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
                     continue
                 _write_part(part_lines, index, copy, part, plan, encoder, folder, progress)
         logger.info("%s", progress.line())
-    tokenized = time.monotonic() - started
+
+
+def _shuffle_shards(corpora, folder, plan):
+    """Pass 2: every shard not yet complete written; the manifest's entry of each corpus."""
     entries = []
     for index, corpus in enumerate(corpora):
         logger.info("Shuffling %d shards of %s", plan["shards"][index], corpus.name)
@@ -293,19 +314,7 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
                 "shards": shards,
             }
         )
-    manifest = {
-        "format": FORMAT,
-        "identity": plan["identity"],
-        "dtype": plan["dtype"],
-        "corpora": entries,
-        "seconds": {
-            "tokenizing": round(tokenized, 1),
-            "shuffling": round(time.monotonic() - started - tokenized, 1),
-        },
-    }
-    write_json(os.path.join(folder, MANIFEST), manifest)
-    shutil.rmtree(os.path.join(folder, "parts"), ignore_errors=True)
-    return manifest
+    return entries
 
 
 def _begin(folder, identity, files):

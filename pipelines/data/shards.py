@@ -25,12 +25,10 @@ fits (half of int32 on disk and in reading), else int32.
 import json
 import logging
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
 
-from pipelines.data.scan import PROGRESS_SECONDS
 from pipelines.data.tokenizer import BOS_ID, EOS_ID
 from pipelines.errors import DataError
 
@@ -141,28 +139,6 @@ def read_manifest(folder, identity=None):
             f"{folder} holds data prepared from other settings ({', '.join(differing)}): "
             "train into a new output_dir, or remove that folder to prepare it again"
         )
-    return manifest
-
-
-def wait_for_file(path, poll_seconds=5.0, clock=time.monotonic, sleep=time.sleep):
-    """Waits until `path` exists (a worker waiting for the chief's data); returns it.
-
-    A line is logged every `PROGRESS_SECONDS` while it waits.
-    """
-    started = last = clock()
-    while not os.path.exists(path):
-        if clock() - last >= PROGRESS_SECONDS:
-            last = clock()
-            logger.info("Waiting for the chief's %s (%.0f s)", path, last - started)
-        sleep(poll_seconds)
-    return path
-
-
-def wait_for_manifest(folder, identity):
-    """The manifest of `folder` once complete (see `read_manifest`), waiting for it."""
-    while (manifest := read_manifest(folder, identity)) is None:
-        wait_for_file(os.path.join(folder, MANIFEST))
-        time.sleep(1.0)  # complete but not verified yet: a shard still being renamed
     return manifest
 
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from pipelines.errors import DataError
+from pipelines.files import atomic_output
 
 # The ids the Transformer model expects by default (pad_id, bos_id, eos_id).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -86,8 +87,9 @@ def train_sentencepiece(
             raise DataError("Cannot train a SentencePiece vocabulary on an empty corpus") from None
         raise DataError(f"SentencePiece training failed: {error}") from None
     os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
-    with open(model_path, "wb") as handle:
-        handle.write(buffer.getvalue())
+    with atomic_output(model_path) as staging:  # its presence marks the step done for a rerun
+        with open(staging, "wb") as handle:
+            handle.write(buffer.getvalue())
     return model_path
 
 

@@ -17,7 +17,6 @@ import dataclasses
 import importlib.resources
 import json
 import os
-import types
 import typing
 
 import keras
@@ -25,6 +24,7 @@ import keras
 from keras_transformer.models.presets import PRESETS
 from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file
+from pipelines.training.values import base_type, parse_scalar
 
 CORPORA = ("default", "multi30k", "files", "tfds", "ptb")
 MODEL_SIZES = ("num_layers", "hidden_dim", "intermediate_dim", "num_heads")
@@ -268,40 +268,6 @@ def settings():
 SETTINGS = {s.name: s for s in settings()}  # names are unique across groups (tested)
 
 
-def base_type(annotation):
-    """`(base, optional, item)` of a type hint.
-
-    `int | None` gives `(int, True, None)`; `list[str]` gives `(list, False, str)`.
-    """
-    optional = False
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        optional, annotation = True, members[0]
-    if typing.get_origin(annotation) is list:
-        return list, optional, typing.get_args(annotation)[0]
-    return annotation, optional, None
-
-
-_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-
-
-def _scalar(value, kind, name, shown):
-    """`value` as `kind`, from a JSON value or a flag's string; ConfigError if it is not one."""
-    if isinstance(value, str) and kind is not str:
-        text = value.strip().lower()
-        if kind is bool and text in ("true", "false", "1", "0", "yes", "no"):
-            return text in ("true", "1", "yes")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            pass
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise ConfigError(f"{name} must be {_NAMES[kind]}. Received: {name}={shown!r}")
-    return value
-
-
 def coerce(name, value):
     """`value` (JSON, or a flag's string) as setting `name`'s declared type.
 
@@ -321,8 +287,8 @@ def coerce(name, value):
                 value = value.split(",")
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name} must be a list. Received: {name}={value!r}")
-        return [_scalar(v, item, name, value) for v in value]
-    return _scalar(value, base, name, value)
+        return [parse_scalar(v, item, name, value) for v in value]
+    return parse_scalar(value, base, name, value)
 
 
 def check_limits(name, value):

@@ -14,22 +14,25 @@ validation and test sets, small, are read whole.
 """
 
 import hashlib
-import json
 import logging
 import os
 import shutil
+import time
 
 from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
-from pipelines.errors import DataError
-from pipelines.files import atomic_text, write_json
+from pipelines.data.progress import PROGRESS_SECONDS
+from pipelines.errors import DataError, UsageError
+from pipelines.files import atomic_text, read_json, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import tags_path, target_tokens, treebank_pairs
 from pipelines.training.heldout import is_parser, tree_words
 
 logger = logging.getLogger(__name__)
 
-# Written by the chief once the training and validation data are complete.
-READY = "ready.json"
+# Written by the chief once the training and validation data are complete, or once it failed.
+READY, FAILED = "ready.json", "failed.json"
+# Seconds between two looks of a waiting worker.
+POLL_SECONDS = 5.0
 
 
 def load_corpora(config):
@@ -110,14 +113,13 @@ def _plan(config, corpora, folder, workers, spm_path):
     if os.path.exists(path) and not (os.path.exists(spm_path) or os.path.exists(sample)):
         os.remove(path)  # the vocabulary was removed after its sample: sample again
     if os.path.exists(path):
-        plan = _read_json(path)
+        plan = read_json(path)
         if plan["identity"] != identity:
             differing = [k for k in identity if plan["identity"].get(k) != identity[k]]
             data_dir = os.path.dirname(folder)
             raise DataError(
                 f"{data_dir} holds data prepared from other data or settings "
-                f"({', '.join(differing)}): use a new output_dir, or delete {data_dir} "
-                "to prepare these corpora"
+                f"({', '.join(differing)}): train into a new output_dir"
             )
         return plan
     found = scan.scan(corpora, batching.vocabulary_sample, seed)
@@ -141,11 +143,6 @@ def _plan(config, corpora, folder, workers, spm_path):
 
 def _one_line(text):
     return " ".join(text.splitlines())
-
-
-def _read_json(path):
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def _sample_pairs(folder):
@@ -220,8 +217,24 @@ def _file_sha256(path):
     return digest.hexdigest()
 
 
+def clear_marks(chief_dir):
+    """Removes an earlier attempt's ready and failed marks: the chief's first step.
+
+    Called before the workers meet (the strategy or distribution starts),
+    so none of them can take an earlier attempt's mark for this one's.
+    """
+    for name in (READY, FAILED):
+        path = os.path.join(chief_dir, "data", name)
+        if os.path.exists(path):
+            os.remove(path)
+
+
 def prepare_data(config, out_dir, workers=1):
     """The chief's preparation: plan, vocabulary, training and validation shards.
+
+    With other workers, a `UsageError` (a bad line, a refused setting) is
+    also written to `data/failed.json`, so they stop with it instead of
+    waiting.
 
     Args:
         config: the run's `TrainConfig`.
@@ -234,13 +247,26 @@ def prepare_data(config, out_dir, workers=1):
         the validation manifest or None, and the held-out pair lists
         `(validation_pairs, test_pairs)` as `load_corpora` gives them.
     """
+    clear_marks(out_dir)
+    try:
+        return _prepare_data(config, out_dir, workers)
+    except UsageError as error:
+        if workers > 1:
+            write_json(os.path.join(out_dir, "data", FAILED), {"error": str(error)})
+        raise
+
+
+def _prepare_data(config, out_dir, workers):
     data_dir = os.path.join(out_dir, "data")
-    if os.path.exists(os.path.join(data_dir, READY)):  # other workers wait until it is again
-        os.remove(os.path.join(data_dir, READY))
     corpora, validation_pairs, test_pairs = load_corpora(config)
     train_dir = os.path.join(data_dir, "train")
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     plan = _plan(config, corpora, train_dir, workers, spm_path)
+    if min(plan["shards"]) < workers:
+        raise DataError(
+            f"{train_dir} was prepared for {min(plan['shards'])} workers, fewer than these "
+            f"{workers}: train into a new output_dir"
+        )
     if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
         train_vocabulary(config, _sample_pairs(train_dir), spm_path)
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
@@ -248,9 +274,11 @@ def prepare_data(config, out_dir, workers=1):
     identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
     dtype = shards.record_dtype(tokenizer.vocabulary_size(spm_path))
     plan = {**plan, "identity": identity, "dtype": dtype}
-    train = shards.read_manifest(train_dir, identity) or preparation.prepare_shards(
-        corpora, train_dir, spm_path, plan, config.batching.subword_sampling
-    )
+    train = shards.read_manifest(train_dir)
+    if train is None or train["identity"] != identity:  # not complete, or another vocabulary's
+        train = preparation.prepare_shards(
+            corpora, train_dir, spm_path, plan, config.batching.subword_sampling
+        )
     _log_manifest(train_dir, train)
     validation = None
     if validation_pairs:
@@ -303,13 +331,41 @@ def wait_for_data(chief_dir, out_dir):
         evaluates).
     """
     data_dir = os.path.join(chief_dir, "data")
-    ready = shards.wait_for_file(os.path.join(data_dir, READY))
-    train = shards.wait_for_manifest(os.path.join(data_dir, "train"), None)
+    ready = wait_for_chief(data_dir)
+    train = _complete(os.path.join(data_dir, "train"))
     validation = None
-    if _read_json(ready)["validation"]:
-        validation = shards.wait_for_manifest(os.path.join(data_dir, "validation"), None)
+    if read_json(ready)["validation"]:
+        validation = _complete(os.path.join(data_dir, "validation"))
     os.makedirs(out_dir, exist_ok=True)
     for name in ("sentencepiece.model", os.path.basename(tags_path("sentencepiece.model"))):
         if os.path.exists(os.path.join(chief_dir, name)):
             shutil.copyfile(os.path.join(chief_dir, name), os.path.join(out_dir, name))
     return train, validation, (None, None)
+
+
+def wait_for_chief(data_dir, clock=time.monotonic, sleep=time.sleep):
+    """Waits for the chief's ready mark in `data_dir` or its failed one.
+
+    Returns:
+        str, the ready mark's path.
+
+    Raises:
+        DataError: with the chief's error, where its preparation failed.
+    """
+    started = last = clock()
+    while not os.path.exists(os.path.join(data_dir, READY)):
+        if os.path.exists(os.path.join(data_dir, FAILED)):
+            error = read_json(os.path.join(data_dir, FAILED))["error"]
+            raise DataError(f"the chief's data preparation failed: {error}")
+        if clock() - last >= PROGRESS_SECONDS:
+            last = clock()
+            logger.info("Waiting for the chief's data in %s (%.0f s)", data_dir, last - started)
+        sleep(POLL_SECONDS)
+    return os.path.join(data_dir, READY)
+
+
+def _complete(folder):
+    manifest = shards.read_manifest(folder)
+    if manifest is None:
+        raise DataError(f"{folder}: the chief marked it ready, but it is not complete")
+    return manifest

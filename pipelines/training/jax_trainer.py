@@ -180,6 +180,17 @@ class JaxTrainer(TrainingLoop):
         """Whether the model's weights are arrays of several processes (a multi-process run)."""
         return jax.process_count() > 1
 
+    def join_processes(self):
+        """Waits until every process gets here: the others wait for process 0's last work.
+
+        JAX's own barrier at exit gives up after 5 minutes, which the
+        end-of-run decode of a large held-out set can take.
+        """
+        if self.spans_processes:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("keras_transformer: end of run")
+
     # The loop's half -----------------------------------------------------
 
     def _place(self, batch, process_local=False):

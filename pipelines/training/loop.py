@@ -68,6 +68,14 @@ class TrainingLoop:
         """float: the rate the optimizer's next update will use."""
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
+    @property
+    def spans_processes(self):
+        """Whether the model's weights are arrays shared by several processes (no: one)."""
+        return False
+
+    def join_processes(self):
+        """Waits until every process of the run gets here (one process: at once)."""
+
     def fit(
         self,
         dataset,

@@ -50,11 +50,22 @@ def make_strategy():
     Returns:
         `(strategy, worker_index)`; worker 0 is the chief that writes outputs.
     """
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    if sum(len(tasks) for tasks in cluster.values()) > 1:
+    if _tf_workers() > 1:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         return strategy, strategy.cluster_resolver.task_id
     return tf.distribute.MirroredStrategy(), 0
+
+
+def _tf_workers():
+    """The workers `TF_CONFIG` lists (1 without it)."""
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    return max(sum(len(tasks) for tasks in cluster.values()), 1)
+
+
+def _chief_by_environment():
+    """Whether this process is the chief, as its environment says before the workers meet."""
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    return task.get("index", 0) == 0 and os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0") == "0"
 
 
 def _callbacks(config, out_dir, is_chief, clock, schedule):
@@ -146,10 +157,9 @@ def _tensorflow_parallel(config):
     """The TensorFlow half of a run: tf.distribute strategy, per-replica batches, `Trainer`."""
     strategy, worker = make_strategy()
     options = config.optimization
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
     return SimpleNamespace(
         worker=worker,
-        workers=max(sum(len(tasks) for tasks in cluster.values()), 1),
+        workers=_tf_workers(),
         scope=strategy.scope,
         train_data=lambda manifest, folder: _train_dataset_fn(config, manifest, folder),
         validation_data=lambda examples: batching.batch_examples(
@@ -334,6 +344,8 @@ def run_training(config):
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
         raise ConfigError(f"kt train needs KERAS_BACKEND=tensorflow or jax, not {backend}")
+    if _chief_by_environment():
+        data.clear_marks(config.output.output_dir)
     parallel = _jax_parallel(config) if backend == "jax" else _tensorflow_parallel(config)
     worker = parallel.worker
     out_dir = (
@@ -389,9 +401,6 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     else:
         with atomic_output(model_path, suffix=".keras") as staging:
             model.save(staging)
-        if getattr(trainer, "spans_processes", False):
-            # Its weights live in every process: process 0 decodes alone on a copy of its own.
-            model = keras.saving.load_model(model_path)
     result = {
         "steps": optimizer_steps(trainer.optimizer),
         "final_learning_rate": trainer.learning_rate(),
@@ -402,10 +411,14 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     }
     evaluation, split = heldout_pairs(config, validation_pairs, test_pairs)
     if isinstance(evaluation, list) and evaluation:
+        if trainer.spans_processes and len(chosen) <= 1:
+            # Its weights live in every process: process 0 decodes alone, on a copy of its own.
+            model = keras.saving.load_model(model_path)
         result.update(heldout_scores(config, out_dir, model, evaluation, split))
     # This process's wall-clock time to the end of training, and with evaluation included
     # (not earlier runs resumed from).
     result["training_seconds"] = round(seconds["trained"], 1)
     result["seconds"] = round(time.perf_counter() - seconds["started"], 1)
     write_json(os.path.join(out_dir, "result.json"), result)
+    trainer.join_processes()
     return result

@@ -447,6 +447,7 @@ def test_corpus_scale_smoke(multi30k_dir, tmp_path):
         assert run["preparation_pairs_per_second"] > 0 and run["shard_bytes"] > 0
         assert run["seconds"]["scanned"] < run["seconds"]["model_built"]
     assert result["sentencepiece_encoder_pairs_per_second"] > 0
+    assert all(run["preparation_over_encoder"] > 0 for run in result["runs"].values())
     assert result["stream_target_tokens_per_second_per_core"] > 0
     assert result["gpu_consumption"]["target_tokens_per_second"] > 0
     assert not work.exists()  # the corpora and runs are removed

@@ -13,6 +13,7 @@ from pipelines.data import preparation, scan, shards
 from pipelines.data.batching import batch_examples, tokenize_examples
 from pipelines.data.corpus import files_corpus, iter_parallel_lines, pairs_corpus
 from pipelines.data.default_corpus import generate_pairs
+from pipelines.data.progress import Progress
 from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece
 from pipelines.errors import DataError
 
@@ -320,7 +321,7 @@ def test_progress_lines_give_the_rate_and_the_time_left(caplog):
     import logging
 
     now = [0.0]
-    progress = scan.Progress("Tokenizing a / b", total=1000, clock=lambda: now[0])
+    progress = Progress("Tokenizing a / b", total=1000, clock=lambda: now[0])
     with caplog.at_level(logging.INFO):
         now[0] = 10.0
         progress.update(100)  # 10 s: too soon for a line

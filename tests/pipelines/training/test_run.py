@@ -11,6 +11,7 @@ import pytest
 from pipelines.commands.train import main
 from pipelines.data import shards
 from pipelines.data.default_corpus import default_corpus
+from pipelines.errors import DataError
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed, run_together
 
@@ -233,5 +234,26 @@ def test_a_run_folder_prepared_from_other_data_is_refused(tmp_path, capsys):
         f"{data} holds data prepared from other data or settings (vocabulary_sample, shard_size)"
         in err
     )
-    assert f"use a new output_dir, or delete {data}" in err
+    assert "train into a new output_dir" in err
     assert (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes() == plan
+
+
+def test_a_run_prepared_for_fewer_workers_is_refused_and_a_new_vocabulary_prepares_anew(tmp_path):
+    from pipelines.training.config import load_config
+    from pipelines.training.data import prepare_data
+
+    out = tmp_path / "run"
+    config = load_config(settings={"output_dir": str(out), "default_corpus_sizes": [300, 20, 20],
+                                   "vocabulary_size": 200})  # fmt: skip
+    train, _, _ = prepare_data(config, str(out))
+    assert len(train["corpora"][0]["shards"]) == 1
+    with pytest.raises(DataError, match="prepared for 1 workers, fewer than these 2"):
+        prepare_data(config, str(out), workers=2)
+    assert json.loads((out / "data" / "failed.json").read_text())["error"].startswith(str(out))
+    # A vocabulary trained again (another size) since: the shards are made again, not refused.
+    (out / "sentencepiece.model").unlink()
+    config.batching.vocabulary_size = 150
+    again, _, _ = prepare_data(config, str(out))
+    assert again["identity"]["vocabulary"] != train["identity"]["vocabulary"]
+    assert again["corpora"][0]["examples"] == train["corpora"][0]["examples"] == 300
+    assert not (out / "data" / "failed.json").exists() and (out / "data" / "ready.json").exists()

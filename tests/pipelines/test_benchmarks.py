@@ -432,6 +432,7 @@ def test_sampling_smoke(tiny_run, tmp_path):
     )
 
 
+@pytest.mark.slow  # four processes: two training runs and two input streams
 def test_corpus_scale_smoke(multi30k_dir, tmp_path):
     output, work = tmp_path / "corpus_scale.json", tmp_path / "work"
     argv = ["--multi30k-dir", multi30k_dir, "--sizes", "3000", "6000", "--work-dir", str(work),

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from pipelines.data.corpus import trainable
 from pipelines.data.progress import Progress
-from pipelines.data.shards import FORMAT, MANIFEST, encode_records, shard_name
+from pipelines.data.shards import FORMAT, MANIFEST, encode_records, read_manifest, shard_name
 from pipelines.errors import DataError
 from pipelines.files import atomic_output, staging_folder, write_json
 
@@ -228,7 +228,8 @@ def plan_shards(pairs, copies, shard_size, min_shards):
 def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
     """Tokenizes `corpora` into shuffled shards under `folder` and writes the manifest.
 
-    Resumable: parts and shards already complete are kept; a part left
+    Resumable: a complete preparation of the same identity is kept whole,
+    and otherwise the parts and shards already complete; a part left
     incomplete by a kill is redone. Logs progress (pairs done, pairs a
     second, time left) every `PROGRESS_SECONDS`.
 
@@ -245,8 +246,12 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
             process may use).
 
     Returns:
-        dict, the manifest (see `read_manifest`).
+        dict, the manifest (see `read_manifest`); that of a complete
+        preparation of the same identity already in `folder`, as it is.
     """
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest["identity"] == plan["identity"]:
+        return manifest
     started = time.monotonic()
     _begin(folder, plan["identity"], max(plan["shards"]))
     _tokenize_parts(corpora, folder, plan, Encoder(spm_path, alpha, threads))

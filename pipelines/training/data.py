@@ -274,11 +274,9 @@ def _prepare_data(config, out_dir, workers):
     identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
     dtype = shards.record_dtype(tokenizer.vocabulary_size(spm_path))
     plan = {**plan, "identity": identity, "dtype": dtype}
-    train = shards.read_manifest(train_dir)
-    if train is None or train["identity"] != identity:  # not complete, or another vocabulary's
-        train = preparation.prepare_shards(
-            corpora, train_dir, spm_path, plan, config.batching.subword_sampling
-        )
+    train = preparation.prepare_shards(
+        corpora, train_dir, spm_path, plan, config.batching.subword_sampling
+    )
     _log_manifest(train_dir, train)
     validation = None
     if validation_pairs:
@@ -291,10 +289,6 @@ def _prepare_data(config, out_dir, workers):
 def _prepare_heldout(pairs, folder, plan):
     """The validation pairs in one shard, deterministic segmentation."""
     identity = {"vocabulary": plan["identity"]["vocabulary"], "pairs": corpus.pairs_sha256(pairs)}
-    manifest = shards.read_manifest(folder, None)
-    if manifest is not None and manifest["identity"] == identity:
-        return manifest
-    shutil.rmtree(folder, ignore_errors=True)
     heldout = {
         "identity": identity,
         "lines": [len(pairs)],

@@ -199,7 +199,7 @@ class JaxTrainer(TrainingLoop):
         `batch` is the global batch, which every process holds whole, or with
         `process_local` this process's rows of it (`ProcessBatches`).
         """
-        if process_local and jax.process_count() > 1:
+        if process_local and self.spans_processes:
             return jax.tree.map(self._place_local_rows, batch)
         return jax.tree.map(self._place_array, batch)
 

@@ -128,29 +128,46 @@ def _train_dataset_fn(config, manifest, folder):
     """
 
     def dataset_fn(context):
-        examples = shards.read_examples(
+        return training_batches(
+            config,
             manifest,
             folder,
-            shuffle=True,
-            seed=config.optimization.seed,
-            pipeline=context.input_pipeline_id,
-            pipelines=context.num_input_pipelines,
-        )
-        budget = max(
-            config.batching.batch_tokens // context.num_replicas_in_sync, config.batching.max_length
-        )
-        return batching.batch_examples(
-            examples,
-            budget,
-            config.batching.max_length,
-            shuffle=True,
-            repeat=True,
-            seed=config.optimization.seed,
-            shuffle_buffer=config.batching.shuffle_buffer,
-            cache=False,
+            context.input_pipeline_id,
+            context.num_input_pipelines,
+            config.batching.batch_tokens // context.num_replicas_in_sync,
         )
 
     return dataset_fn
+
+
+def training_batches(config, manifest, folder, pipeline, pipelines, batch_tokens, **shapes):
+    """Input pipeline `pipeline`'s training batches: its shards, shuffled, repeated, bucketed.
+
+    Args:
+        config: the run's `TrainConfig` (seed, shuffle buffer, `max_length`).
+        manifest, folder: the prepared training data (`shards.read_manifest`).
+        pipeline, pipelines: int, this input pipeline and their number (it
+            reads every `pipelines`-th shard, see `shards.read_examples`).
+        batch_tokens: int, this pipeline's token budget (`max_length` at least).
+        **shapes: `fixed_shapes`, `row_multiple`, `ratio` for
+            `batching.batch_examples` (JAX's one shape per bucket).
+
+    Returns:
+        `tf.data.Dataset` of `((source_ids, target_input_ids), target_output_ids)`.
+    """
+    seed, max_length = config.optimization.seed, config.batching.max_length
+    examples = shards.read_examples(manifest, folder, True, seed, pipeline, pipelines)
+    return batching.batch_examples(
+        examples,
+        max(batch_tokens, max_length),
+        max_length,
+        shuffle=True,
+        repeat=True,
+        seed=seed,
+        shuffle_buffer=config.batching.shuffle_buffer,
+        cache=False,
+        **shapes,
+    )
 
 
 def _tensorflow_parallel(config):
@@ -203,25 +220,15 @@ def process_batches(config, manifest, folder, pipelines, processes, row_multiple
     Returns:
         `ProcessBatches` over the local batches of `pipelines`.
     """
-    seed, batching_config = config.optimization.seed, config.batching
+    shapes = {"fixed_shapes": True, "row_multiple": row_multiple, "ratio": JAX_BUCKET_RATIO}
+    budget = config.batching.batch_tokens // processes
 
     def stream(pipeline):
-        examples = shards.read_examples(manifest, folder, True, seed, pipeline, processes)
-        return batching.batch_examples(
-            examples,
-            max(batching_config.batch_tokens // processes, batching_config.max_length),
-            batching_config.max_length,
-            shuffle=True,
-            repeat=True,
-            seed=seed,
-            shuffle_buffer=batching_config.shuffle_buffer,
-            cache=False,
-            fixed_shapes=True,
-            row_multiple=row_multiple,
-            ratio=JAX_BUCKET_RATIO,
+        return training_batches(
+            config, manifest, folder, pipeline, processes, budget, **shapes
         ).as_numpy_iterator()
 
-    bounds = batching.bucket_bounds(batching_config.max_length, JAX_BUCKET_RATIO)
+    bounds = batching.bucket_bounds(config.batching.max_length, JAX_BUCKET_RATIO)
     return ProcessBatches(lambda: [stream(p) for p in pipelines], bounds, gather)
 
 
@@ -242,15 +249,11 @@ def _jax_parallel(config):
             "on JAX does not do; use mixed_bfloat16"
         )
     distribution, worker = make_distribution()
-    batch = functools.partial(
-        batching.batch_examples,
-        batch_tokens=config.batching.batch_tokens,
-        max_length=config.batching.max_length,
-        fixed_shapes=True,
-        row_multiple=distribution.device_mesh.devices.size,
-        ratio=JAX_BUCKET_RATIO,
-        cache=False,
-    )
+    shapes = {
+        "fixed_shapes": True,
+        "row_multiple": distribution.device_mesh.devices.size,
+        "ratio": JAX_BUCKET_RATIO,
+    }
     options = config.optimization
 
     processes = jax.process_count()
@@ -269,13 +272,8 @@ def _jax_parallel(config):
                 jax.local_device_count(),
                 multihost_utils.process_allgather,
             )
-        examples = shards.read_examples(manifest, folder, shuffle=True, seed=options.seed)
-        return batch(
-            examples,
-            shuffle=True,
-            repeat=True,
-            seed=options.seed,
-            shuffle_buffer=config.batching.shuffle_buffer,
+        return training_batches(
+            config, manifest, folder, 0, 1, config.batching.batch_tokens, **shapes
         )
 
     return SimpleNamespace(
@@ -283,7 +281,14 @@ def _jax_parallel(config):
         workers=processes,
         scope=distribution.scope,
         train_data=train_data,
-        validation_data=lambda examples: batch(examples, shuffle=False),
+        validation_data=lambda examples: batching.batch_examples(
+            examples,
+            config.batching.batch_tokens,
+            config.batching.max_length,
+            shuffle=False,
+            cache=False,
+            **shapes,
+        ),
         trainer=lambda model, optimizer, schedule: JaxTrainer(
             model,
             optimizer,

@@ -179,13 +179,7 @@ def _tensorflow_parallel(config):
         workers=_tf_workers(),
         scope=strategy.scope,
         train_data=lambda manifest, folder: _train_dataset_fn(config, manifest, folder),
-        validation_data=lambda examples: batching.batch_examples(
-            examples,
-            config.batching.batch_tokens,
-            config.batching.max_length,
-            shuffle=False,
-            cache=False,
-        ),
+        validation_data=lambda examples: _validation_batches(config, examples),
         trainer=lambda model, optimizer, schedule: Trainer(
             model,
             optimizer,
@@ -195,6 +189,19 @@ def _tensorflow_parallel(config):
             jit_compile=options.xla,
         ),
         clock=lambda started: budget_clock(strategy, started),
+    )
+
+
+def _validation_batches(config, examples, **shapes):
+    """The validation examples in batches of `batch_tokens`, in order, once (`shapes`: JAX's)."""
+    batching_config = config.batching
+    return batching.batch_examples(
+        examples,
+        batching_config.batch_tokens,
+        batching_config.max_length,
+        shuffle=False,
+        cache=False,
+        **shapes,
     )
 
 
@@ -281,14 +288,7 @@ def _jax_parallel(config):
         workers=processes,
         scope=distribution.scope,
         train_data=train_data,
-        validation_data=lambda examples: batching.batch_examples(
-            examples,
-            config.batching.batch_tokens,
-            config.batching.max_length,
-            shuffle=False,
-            cache=False,
-            **shapes,
-        ),
+        validation_data=lambda examples: _validation_batches(config, examples, **shapes),
         trainer=lambda model, optimizer, schedule: JaxTrainer(
             model,
             optimizer,

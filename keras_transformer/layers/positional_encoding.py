@@ -7,6 +7,8 @@ from keras import ops
 
 from keras_transformer.layers.renames import renamed
 
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionalEncoding(keras.layers.Layer):
@@ -14,9 +16,12 @@ class PositionalEncoding(keras.layers.Layer):
 
     The default encoding is the paper's fixed sinusoid, defined for any length:
     `PE(pos, 2i) = sin(pos / max_wavelength^(2i / D))` and
-    `PE(pos, 2i + 1) = cos(pos / max_wavelength^(2i / D))`. With `learned=True`
-    a trainable `(max_positions, D)` table is used instead (Table 3, row E).
-    The Keras mask of the inputs passes through unchanged.
+    `PE(pos, 2i + 1) = cos(pos / max_wavelength^(2i / D))`. With
+    `sinusoid_layout="concatenated"` the same sines fill the first `D/2`
+    columns and the cosines the last `D/2` (Marian's and tensor2tensor's
+    layout), so that models trained that way load as they are. With
+    `learned=True` a trainable `(max_positions, D)` table is used instead
+    (Table 3, row E). The Keras mask of the inputs passes through unchanged.
 
     Args:
         max_wavelength: float, the base of the sinusoid wavelengths (10000 in
@@ -25,6 +30,9 @@ class PositionalEncoding(keras.layers.Layer):
         max_positions: int, the longest sequence a learned table covers. Required
             with `learned=True`, ignored otherwise.
         initializer: initializer of the learned table.
+        sinusoid_layout: str, "interleaved" (the paper's: sines in even
+            columns, cosines in odd ones) or "concatenated" (sines, then
+            cosines).
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -50,9 +58,15 @@ class PositionalEncoding(keras.layers.Layer):
         learned=False,
         max_positions=None,
         initializer="glorot_uniform",
+        sinusoid_layout="interleaved",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if sinusoid_layout not in SINUSOID_LAYOUTS:
+            raise ValueError(
+                f"sinusoid_layout must be one of {SINUSOID_LAYOUTS}. "
+                f"Received: sinusoid_layout={sinusoid_layout!r}"
+            )
         if max_wavelength <= 0:
             raise ValueError(
                 f"max_wavelength must be positive. Received: max_wavelength={max_wavelength}"
@@ -66,6 +80,7 @@ class PositionalEncoding(keras.layers.Layer):
         self.learned = learned
         self.max_positions = max_positions
         self.initializer = keras.initializers.get(initializer)
+        self.sinusoid_layout = sinusoid_layout
         self.supports_masking = True
 
     def build(self, inputs_shape):
@@ -97,6 +112,8 @@ class PositionalEncoding(keras.layers.Layer):
             * (-math.log(self.max_wavelength) / hidden_dim)
         )
         angles = ops.expand_dims(positions, 1) * ops.expand_dims(inverse_frequencies, 0)
+        if self.sinusoid_layout == "concatenated":
+            return ops.concatenate([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D)
         # Interleave so that even columns hold sines and odd columns cosines.
         encoding = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, D/2, 2)
         return ops.reshape(encoding, (length, hidden_dim))  # (T, D)
@@ -121,6 +138,7 @@ class PositionalEncoding(keras.layers.Layer):
                 "learned": self.learned,
                 "max_positions": self.max_positions,
                 "initializer": keras.initializers.serialize(self.initializer),
+                "sinusoid_layout": self.sinusoid_layout,
             }
         )
         return config

@@ -33,11 +33,13 @@ class Transformer(keras.Model):
 
     `model((source_ids, target_input_ids))` returns float32 logits over the
     target vocabulary. Tokens equal to `pad_id` are masked throughout: as
-    attention keys and queries in the encoder and the decoder. The decoder is
-    causal. Embeddings are multiplied by `sqrt(D)`, summed with positional
-    encodings and passed through dropout (section 5.4). By default one
-    embedding matrix serves the source, the target and the pre-softmax
-    projection (section 3.4), which requires a shared vocabulary.
+    attention keys and queries in the encoder and the decoder, except the
+    decoder's first input, the start token (Marian models start with the
+    padding token). The decoder is causal. Embeddings are multiplied by
+    `sqrt(D)`, summed with positional encodings and passed through dropout
+    (section 5.4). By default one embedding matrix serves the source, the
+    target and the pre-softmax projection (section 3.4), which requires a
+    shared vocabulary.
 
     Args:
         vocabulary_size: int, size of the (source, or shared) vocabulary.
@@ -65,6 +67,11 @@ class Transformer(keras.Model):
         pad_id: int, padding token id.
         bos_id: int, start-of-sequence id that begins decoder inputs.
         eos_id: int, end-of-sequence id that ends decoder outputs.
+        sinusoid_layout: str, "interleaved" (the paper's) or "concatenated"
+            (Marian's), as in `PositionalEncoding`.
+        output_bias: bool, a learned bias added to the tied output logits
+            (Marian's `final_logits_bias`); an untied `output_projection`
+            has its bias either way.
         **kwargs: base `keras.Model` arguments.
 
     Call arguments:
@@ -107,6 +114,8 @@ class Transformer(keras.Model):
         pad_id=0,
         bos_id=2,
         eos_id=3,
+        sinusoid_layout="interleaved",
+        output_bias=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -136,6 +145,8 @@ class Transformer(keras.Model):
         self.pad_id = pad_id
         self.bos_id = bos_id
         self.eos_id = eos_id
+        self.sinusoid_layout = sinusoid_layout
+        self.output_bias = output_bias
         self._create_layers()
 
     def _create_layers(self):
@@ -155,12 +166,14 @@ class Transformer(keras.Model):
         self.source_positions = PositionalEncoding(
             learned=self.learned_positions,
             max_positions=self.max_positions,
+            sinusoid_layout=self.sinusoid_layout,
             dtype=policy,
             name="source_positions",
         )
         self.target_positions = PositionalEncoding(
             learned=self.learned_positions,
             max_positions=self.max_positions,
+            sinusoid_layout=self.sinusoid_layout,
             dtype=policy,
             name="target_positions",
         )
@@ -185,6 +198,7 @@ class Transformer(keras.Model):
         self.encoder = Encoder(name="encoder", **stack_config)
         self.decoder = Decoder(name="decoder", **stack_config)
         self.output_projection = None
+        self.logits_bias = None  # built with `output_bias` on tied logits
         if not self.tie_output_embeddings:
             self.output_projection = keras.layers.Dense(
                 self.target_vocabulary_size, dtype=policy, name="output_projection"
@@ -221,11 +235,20 @@ class Transformer(keras.Model):
         self.decoder.build(target_states, source_states)
         if self.output_projection is not None:
             self.output_projection.build(target_states)
+        if self.output_bias and self.output_projection is None:
+            self.logits_bias = self.add_weight(
+                name="output_bias", shape=(self.target_vocabulary_size,), initializer="zeros"
+            )
         self.built = True
 
     def padding_mask(self, token_ids):
         """Bool `(B, L)` mask, True for tokens other than `pad_id`."""
         return ops.not_equal(token_ids, self.pad_id)
+
+    def target_padding_mask(self, target_ids):
+        """Bool `(B, T)` mask of decoder inputs: `padding_mask`, and True for the start token."""
+        first = ops.equal(ops.arange(ops.shape(target_ids)[1]), 0)  # (T,)
+        return ops.logical_or(self.padding_mask(target_ids), ops.expand_dims(first, 0))
 
     def encode(self, source_ids, training=None):
         """Encodes int `(B, S)` source ids.
@@ -242,6 +265,8 @@ class Transformer(keras.Model):
     def _logits(self, states):
         if self.output_projection is None:
             logits = self.target_embedding(states, reverse=True)  # (B, T, V)
+            if self.logits_bias is not None:
+                logits = logits + ops.cast(self.logits_bias, logits.dtype)
         else:
             logits = self.output_projection(states)  # (B, T, V)
         return ops.cast(logits, "float32")
@@ -280,7 +305,7 @@ class Transformer(keras.Model):
         results = self.decoder(
             self._embed_target(target_ids, training=training),
             encoder_outputs,
-            decoder_padding_mask=self.padding_mask(target_ids),
+            decoder_padding_mask=self.target_padding_mask(target_ids),
             encoder_padding_mask=source_padding_mask,
             return_attention_scores=return_attention_scores,
             training=training,
@@ -393,6 +418,8 @@ class Transformer(keras.Model):
                 "pad_id": self.pad_id,
                 "bos_id": self.bos_id,
                 "eos_id": self.eos_id,
+                "sinusoid_layout": self.sinusoid_layout,
+                "output_bias": self.output_bias,
             }
         )
         return config

@@ -19,6 +19,13 @@ def paper_sinusoid(length, depth, base=10000.0):
     return table
 
 
+def halves_sinusoid(length, depth, base=10000.0):
+    """Marian's table: the paper's angles, sines in the first half, cosines in the second."""
+    angles = np.array([[pos / base ** (2 * (j // 2) / depth) for j in range(depth)]
+                       for pos in range(length)])  # fmt: skip
+    return np.concatenate([np.sin(angles[:, 0::2]), np.cos(angles[:, 1::2])], axis=1)
+
+
 def test_layer_basics():
     run_layer_test(
         PositionalEncoding,
@@ -43,6 +50,16 @@ def test_learned_layer_basics():
 def test_rows_equal_the_paper_formula():
     outputs = to_numpy(PositionalEncoding()(np.zeros((1, 50, 16), "float32")))
     np.testing.assert_allclose(outputs[0], paper_sinusoid(50, 16), atol=1e-5)
+
+
+def test_concatenated_rows_equal_marians_table():
+    layer = PositionalEncoding(sinusoid_layout="concatenated")
+    outputs = to_numpy(layer(np.zeros((1, 50, 16), "float32")))
+    np.testing.assert_allclose(outputs[0], halves_sinusoid(50, 16), atol=1e-5)
+    step = to_numpy(layer(np.zeros((1, 1, 16), "float32"), start_index=7))
+    np.testing.assert_allclose(step[0, 0], outputs[0, 7], atol=1e-6)
+    restored = PositionalEncoding.from_config(layer.get_config())
+    assert restored.sinusoid_layout == "concatenated"
 
 
 def test_adds_to_inputs_and_works_for_any_length():
@@ -80,3 +97,5 @@ def test_invalid_arguments():
         PositionalEncoding(learned=True)
     with pytest.raises(ValueError, match="even model size"):
         PositionalEncoding()(np.zeros((1, 3, 5), "float32"))
+    with pytest.raises(ValueError, match="sinusoid_layout='halves'"):
+        PositionalEncoding(sinusoid_layout="halves")

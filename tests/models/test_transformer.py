@@ -109,6 +109,50 @@ def test_decoding_steps_give_the_full_pass_log_probabilities(cache_length):
         np.testing.assert_allclose(to_numpy(log_probs)[real], full[real, index], atol=1e-5)
 
 
+def test_a_start_token_equal_to_padding_is_attended_to():
+    """Marian models start decoding with the padding token: the full pass must still see it."""
+    model = tiny(pad_id=0, bos_id=0)
+    target = np.where(TARGET == 2, 0, TARGET)  # (B, T): 0 first, then the tokens, then padding
+    full = to_numpy(keras.ops.log_softmax(model((SOURCE, target)), axis=-1))
+    state = model.start_decoding(SOURCE)
+    for index in range(2):  # both rows' first two tokens are real
+        log_probs, state = model.decoding_step(target[:, index], state)
+        np.testing.assert_allclose(to_numpy(log_probs), full[:, index], atol=1e-5)
+    mask = to_numpy(model.target_padding_mask(target))
+    np.testing.assert_array_equal(mask, (target != 0) | (np.arange(5) == 0))
+
+
+def test_output_bias_is_added_to_the_tied_logits(tmp_path):
+    model = tiny(output_bias=True)
+    model((SOURCE, TARGET))
+    bias = np.linspace(-1.0, 1.0, V).astype("float32")
+    model.logits_bias.assign(bias)
+    expected = to_numpy(_decoder_states(model)) @ to_numpy(model.target_embedding.embeddings).T
+    np.testing.assert_allclose(to_numpy(model((SOURCE, TARGET))), expected + bias, atol=1e-5)
+    plain = tiny()
+    plain((SOURCE, TARGET))
+    assert model.count_params() == plain.count_params() + V
+    restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
+    np.testing.assert_array_equal(to_numpy(restored.logits_bias), bias)
+    # An untied projection has its own bias; no second one is made.
+    untied = tiny(output_bias=True, tie_output_embeddings=False)
+    untied((SOURCE, TARGET))
+    assert untied.logits_bias is None and untied.output_projection.bias is not None
+
+
+def test_concatenated_sinusoids_reach_both_sides(tmp_path):
+    model = tiny(sinusoid_layout="concatenated")
+    assert model.source_positions.sinusoid_layout == "concatenated"
+    assert model.target_positions.sinusoid_layout == "concatenated"
+    model((SOURCE, TARGET))
+    paper = tiny()
+    paper((SOURCE, TARGET))
+    paper.set_weights(model.get_weights())
+    assert not np.allclose(to_numpy(model((SOURCE, TARGET))), to_numpy(paper((SOURCE, TARGET))))
+    restored = run_model_saving_test(model, (SOURCE, TARGET), tmp_path)
+    assert restored.get_config()["sinusoid_layout"] == "concatenated"
+
+
 def test_config_and_keras_file_round_trip(tmp_path):
     model = tiny(
         learned_positions=True, max_positions=16, normalize_first=True, activation_dropout=0.3

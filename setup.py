@@ -16,6 +16,9 @@ TENSORFLOW = [
     "tensorflow-serving-api>=2.21,<2.22",
     # Penn Treebank reading for the parsing task (BracketParseCorpusReader, Tree).
     "nltk>=3.8,<4",
+    # `kt import marian`: Hugging Face weights and Hub downloads (no transformers needed).
+    "safetensors>=0.4",
+    "huggingface-hub>=0.23",
 ]
 
 setup(
@@ -71,6 +74,8 @@ setup(
             # The third Keras backend the layer tests run under (CPU is enough).
             "torch>=2.4",
             "ctranslate2>=4.5,<5",
+            # The reference the Marian import is checked against.
+            "transformers>=4.44",
         ],
     },
 )

@@ -27,6 +27,7 @@ COMMANDS = {
     "parseval": "pipelines.commands.parseval",
     "attention": "pipelines.commands.attention",
     "ct2-export": "pipelines.commands.ctranslate2_export",
+    "import": "pipelines.commands.import_model",
     "demo": "pipelines.commands.demo",
 }
 # Commands that never import TensorFlow (scoring text files).

@@ -12,7 +12,6 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from keras_transformer.decoding import greedy_search  # noqa: E402
-from pipelines.data.tokenizer import BOS_ID, EOS_ID  # noqa: E402
 from pipelines.errors import ConfigError  # noqa: E402
 
 CELL_INCHES = 0.32  # one token's width or height in a panel
@@ -20,7 +19,7 @@ MARGIN_INCHES = 1.6  # room for a panel's tick labels and title
 DPI = 100
 
 
-def attention_maps(model, processor, source, target=None):
+def attention_maps(model, processor, source, target=None, target_processor=None):
     """Encoder-decoder attention probabilities for one pair.
 
     Args:
@@ -28,31 +27,34 @@ def attention_maps(model, processor, source, target=None):
         processor: `sentencepiece.SentencePieceProcessor` of the model.
         source: str.
         target: str or None; None decodes the model's greedy translation.
+        target_processor: the target side's processor, where the model has
+            one a side (None: `processor`).
 
     Returns:
         `(attention, source_pieces, target_pieces)`: float `(L, H, T, S)`
         probabilities, then the S source and T target piece strings (each
         ending with `</s>`).
     """
-    source_ids = processor.encode(source) + [EOS_ID]
+    target_processor = target_processor or processor
+    eos = model.eos_id
+    source_ids = processor.encode(source) + [eos]
     if target is None:
         tokens = np.asarray(greedy_search(model, np.array([source_ids], "int32")))[0]
         target_ids = [int(t) for t in tokens if t != model.pad_id]  # EOS, then padding
-        if EOS_ID in target_ids:
-            target_ids = target_ids[: target_ids.index(EOS_ID)]
+        if eos in target_ids:
+            target_ids = target_ids[: target_ids.index(eos)]
     else:
-        target_ids = processor.encode(target)
-    target_ids = target_ids + [EOS_ID]
+        target_ids = target_processor.encode(target)
+    target_ids = target_ids + [eos]
     encoder_outputs, mask = model.encode(np.array([source_ids], "int32"))
-    decoder_inputs = np.array([[BOS_ID] + target_ids[:-1]], "int32")
+    decoder_inputs = np.array([[model.bos_id] + target_ids[:-1]], "int32")
     _, attention = model.decode(
         decoder_inputs, encoder_outputs, mask, return_attention_scores=True
     )  # (1, L, H, T, S)
-    pieces = processor.id_to_piece
     return (
         np.asarray(keras.ops.convert_to_numpy(attention))[0].astype("float32"),
-        [pieces(i) for i in source_ids],
-        [pieces(i) for i in target_ids],
+        [processor.id_to_piece(i) for i in source_ids],
+        [target_processor.id_to_piece(i) for i in target_ids],
     )
 
 

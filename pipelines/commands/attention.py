@@ -23,6 +23,7 @@ def _draw(args):
     import sentencepiece as spm
 
     from pipelines import visualization
+    from pipelines.data.vocabularies import target_vocabulary_path
     from pipelines.training.checkpoints import load_checkpoint
 
     model_path, spm_path = run_files(args)
@@ -38,8 +39,9 @@ def _draw(args):
     # --layer and --head against the model's shape before the decoding they select from.
     visualization.select(np.zeros((model.num_layers, model.num_heads, 1, 1)), args.layer, args.head)
     processor = spm.SentencePieceProcessor(model_file=spm_path)
+    target_processor = spm.SentencePieceProcessor(model_file=target_vocabulary_path(spm_path))
     attention, source_pieces, target_pieces = visualization.attention_maps(
-        model, processor, args.source, args.target
+        model, processor, args.source, args.target, target_processor
     )
     panels, titles = visualization.select(attention, args.layer, args.head)
     with atomic_output(args.output, suffix) as staging:

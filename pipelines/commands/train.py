@@ -9,6 +9,8 @@ Examples:
     kt train --config my_run.json --set model.dropout=0.2
     kt train --max-minutes 30 --cooldown 0.3
     kt train --recipe multi30k --multi30k-dir data/multi30k --print-config
+    kt train --init-from runs/default --corpus files \
+        --train-files domain.en domain.de --output-dir runs/domain
 
 Every setting is a flag (`--batch-tokens 2048`) and can be set with
 `--set NAME=VALUE` or `--set GROUP.NAME=VALUE` (a JSON value). Outputs under
@@ -18,6 +20,12 @@ per epoch), backup/ (rerunning the same command after a crash resumes),
 logs/ (TensorBoard), model.keras, result.json. Under
 MultiWorkerMirroredStrategy (TF_CONFIG with several workers) worker 0
 writes there and every other worker under `workers/worker-N/`.
+
+A rerun into a run's folder resumes it and may change only its length and
+end-of-run outputs (`pipelines/training/identity.py`); other settings are
+refused. `--init-from` starts a new run from a trained one: its
+architecture, vocabulary file and weights, with the `finetune` recipe's
+schedule unless `--recipe` says otherwise.
 """
 
 import argparse
@@ -35,7 +43,10 @@ from pipelines.training.config import (
     check_paths,
     load_config,
     recipe_names,
+    validate,
 )
+from pipelines.training.identity import check_rerun
+from pipelines.training.init_from import apply_source, given_settings
 
 
 def _add_setting_flags(parser):
@@ -63,7 +74,10 @@ def _add_setting_flags(parser):
 
 def parse_args(argv, prog="kt train"):
     parser = command_parser(prog, __doc__)
-    parser.add_argument("--recipe", default="default", help=f"one of {recipe_names()}")
+    parser.add_argument(
+        "--recipe",
+        help=f"one of {recipe_names()} (default: finetune with --init-from, else default)",
+    )
     parser.add_argument("--config", help="JSON file of settings (nested by group), over the recipe")
     parser.add_argument(
         "--set",
@@ -94,12 +108,29 @@ def _settings(args):
     return values
 
 
+def resolved_config(args):
+    """The run's `TrainConfig` from parsed arguments: recipe, config file, flags, source model.
+
+    Without `--recipe`, a run given `init_from` (as a flag, `--set` or in
+    `--config`) takes the `finetune` recipe, any other the `default` one.
+    """
+    settings = _settings(args)
+    given = given_settings(args.config, settings)
+    recipe = args.recipe or ("finetune" if "init_from" in given else "default")
+    config = load_config(recipe, args.config, settings)
+    if config.model.init_from:
+        apply_source(config, given)
+        validate(config)  # the source's architecture with the run's other settings
+    return config
+
+
 def _train(args):
-    config = load_config(args.recipe, args.config, _settings(args))
+    config = resolved_config(args)
     if args.print_config:
         print(config.to_json())
         return 0
     check_paths(config)
+    check_rerun(config)
     prepare_output_folder(config.output.output_dir, "output_dir")
     from pipelines.training.run import run_training  # the data and the work: after the checks
 

@@ -119,14 +119,16 @@ def _check_prefixes(args, version, lines, prefixes, source_name, settings):
         )
     import sentencepiece
 
-    tokenizer = sentencepiece.SentencePieceProcessor(
-        model_file=os.path.join(version, "assets", "sentencepiece.model")
-    )
+    from pipelines.data.vocabularies import target_vocabulary_path
+
+    source_path = os.path.join(version, "assets", "sentencepiece.model")
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=source_path)
+    target = sentencepiece.SentencePieceProcessor(model_file=target_vocabulary_path(source_path))
     extra_length, max_source = settings["extra_length"], settings.get("max_source_length")
     for number, (line, prefix) in enumerate(zip(lines, prefixes, strict=True), start=1):
         if not prefix:
             continue
-        pieces = len(tokenizer.encode(prefix.decode("utf-8", errors="replace")))
+        pieces = len(target.encode(prefix.decode("utf-8", errors="replace")))
         source = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1
         limit = (min(source, max_source) if max_source else source) + extra_length
         cut = f", cut at {max_source}" if max_source and source > max_source else ""

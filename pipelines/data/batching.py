@@ -95,7 +95,9 @@ def filter_by_length(max_length):
     return lambda dataset: dataset.filter(keep)
 
 
-def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=False, row_multiple=1):
+def bucket_by_token_budget(
+    batch_tokens, max_length, ratio=1.1, fixed_shapes=False, row_multiple=1, pad_id=PAD_ID
+):
     """Groups examples of similar source and target length into token-budget batches.
 
     Examples are keyed by the pair (source length bucket, target length
@@ -120,6 +122,7 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=Fal
         ratio: float, spacing of the bucket bounds.
         fixed_shapes: bool, one batch shape per bucket (see above).
         row_multiple: int, with `fixed_shapes`, batch sizes are multiples of it.
+        pad_id: int, the padding id (the vocabulary's).
 
     Returns:
         function for `dataset.apply`: examples -> padded batches, dicts of int32
@@ -156,12 +159,12 @@ def bucket_by_token_budget(batch_tokens, max_length, ratio=1.1, fixed_shapes=Fal
         if fixed_shapes:
             bound = tf.cast(tf.gather(bounds_tensor, bucket), tf.int64)
             shapes = {"source": [bound], "target": [bound + 1]}
-        batches = window.padded_batch(size, padded_shapes=shapes, padding_values=PAD_ID)
+        batches = window.padded_batch(size, padded_shapes=shapes, padding_values=pad_id)
 
         def fill_rows(padded):
             missing = size - tf.cast(tf.shape(padded["source"])[0], tf.int64)
             return {
-                name: tf.pad(ids, [[0, missing], [0, 0]], constant_values=PAD_ID)
+                name: tf.pad(ids, [[0, missing], [0, 0]], constant_values=pad_id)
                 for name, ids in padded.items()
             }
 
@@ -311,6 +314,7 @@ def batch_examples(
     fixed_shapes=False,
     row_multiple=1,
     ratio=1.1,
+    pad_id=PAD_ID,
 ):
     """The batching half of `make_dataset`, for already tokenized examples.
 
@@ -330,6 +334,7 @@ def batch_examples(
         row_multiple: int, with `fixed_shapes`, batch sizes are multiples of
             it (the devices a batch is split over).
         ratio: float, spacing of the length buckets' bounds.
+        pad_id: int, the padding id (`shards.special_ids` of prepared examples).
 
     Returns:
         `tf.data.Dataset` as in `make_dataset`.
@@ -343,7 +348,7 @@ def batch_examples(
         examples = examples.repeat()
     batches = examples.apply(
         bucket_by_token_budget(
-            batch_tokens, max_length, ratio, fixed_shapes=fixed_shapes, row_multiple=row_multiple
+            batch_tokens, max_length, ratio, fixed_shapes, row_multiple, pad_id=pad_id
         )
     )
     if shuffle:

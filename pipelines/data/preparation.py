@@ -38,6 +38,7 @@ import tensorflow as tf
 from pipelines.data.corpus import trainable
 from pipelines.data.progress import Progress
 from pipelines.data.shards import FORMAT, MANIFEST, encode_records, read_manifest, shard_name
+from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import DataError
 from pipelines.files import atomic_output, staging_folder, write_json
 
@@ -73,20 +74,21 @@ def _flat(lists):
     return ids, lengths
 
 
-def _tokenized_chunks(lines, encoder, seeds):
+def _tokenized_chunks(lines, encoders, seeds):
     """Tokenized chunks of the line pairs `lines`: flat ids and lengths of each side.
 
     Args:
         lines: iterator of `(source, target)` str pairs.
-        encoder: `Encoder`.
+        encoders: `(source, target)` `Encoder`s (one object where one
+            vocabulary serves both sides).
         seeds: `numpy.random.SeedSequence`, the part's: chunk `k` samples
             with seeds spawned from it (used only by BPE-dropout).
     """
     for index, (sources, targets) in enumerate(_chunks(lines)):
         source_seed, target_seed = np.random.SeedSequence([*seeds.entropy, index]).generate_state(2)
         yield (
-            *_flat(encoder(sources, int(source_seed))),
-            *_flat(encoder(targets, int(target_seed))),
+            *_flat(encoders[0](sources, int(source_seed))),
+            *_flat(encoders[1](targets, int(target_seed))),
         )
 
 
@@ -146,14 +148,14 @@ class _Writer:
         os.replace(self.staging, self.folder)
 
 
-def _write_part(lines, index, copy, part, plan, encoder, folder, progress):
+def _write_part(lines, index, copy, part, plan, encoders, folder, progress):
     """Pass 1 for one part: its `lines` tokenized into random bucket files, then `done.json`."""
     buckets = plan["shards"][index]
     seeds = np.random.SeedSequence([plan["seed"], index, copy, part])
     rng = np.random.default_rng(seeds)
     writer = _Writer(_part_folder(folder, index, copy, part), buckets)
     tokens = np.zeros(2, np.int64)
-    for chunk in _tokenized_chunks(lines, encoder, seeds):
+    for chunk in _tokenized_chunks(lines, encoders, seeds):
         records = encode_records(*chunk, plan["dtype"])
         writer.write(records, rng.integers(buckets, size=len(records)))
         tokens += (len(chunk[0]), len(chunk[2]))
@@ -236,7 +238,8 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
     Args:
         corpora: list of `Corpus`, in the plan's order.
         folder: str, the output folder (created).
-        spm_path: str, the SentencePiece model file.
+        spm_path: str, the SentencePiece model file (the source side's where
+            the run has one a side, see `target_vocabulary_path`).
         plan: dict with int lists `lines`, `pairs`, `shards` (per corpus),
             float list `shares`, ints `seed` and `copies`, str `dtype`, and
             dict `identity` (what the manifest must match on a rerun).
@@ -254,12 +257,16 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
         return manifest
     started = time.monotonic()
     _begin(folder, plan["identity"], max(plan["shards"]))
-    _tokenize_parts(corpora, folder, plan, Encoder(spm_path, alpha, threads))
+    encoder = Encoder(spm_path, alpha, threads)
+    target = target_vocabulary_path(spm_path)
+    encoders = (encoder, encoder if target == spm_path else Encoder(target, alpha, threads))
+    _tokenize_parts(corpora, folder, plan, encoders)
     tokenized = time.monotonic() - started
     manifest = {
         "format": FORMAT,
         "identity": plan["identity"],
         "dtype": plan["dtype"],
+        "special_ids": plan.get("special_ids", {}),
         "corpora": _shuffle_shards(corpora, folder, plan),
         "seconds": {
             "tokenizing": round(tokenized, 1),
@@ -271,7 +278,7 @@ def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):
     return manifest
 
 
-def _tokenize_parts(corpora, folder, plan, encoder):
+def _tokenize_parts(corpora, folder, plan, encoders):
     """Pass 1: every part not yet complete, tokenized into its bucket files."""
     for index, corpus in enumerate(corpora):
         total = plan["pairs"][index] * plan["copies"]
@@ -289,7 +296,7 @@ def _tokenize_parts(corpora, folder, plan, encoder):
                     if not all(done[part:]):
                         collections.deque(part_lines, maxlen=0)
                     continue
-                _write_part(part_lines, index, copy, part, plan, encoder, folder, progress)
+                _write_part(part_lines, index, copy, part, plan, encoders, folder, progress)
         logger.info("%s", progress.line())
 
 

@@ -29,7 +29,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from pipelines.data.tokenizer import BOS_ID, EOS_ID
+from pipelines.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from pipelines.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,17 @@ def encode_records(source_ids, source_lengths, target_ids, target_lengths, dtype
     return [data[a * size : b * size] for a, b in zip(starts, ends, strict=True)]
 
 
-def decode_record(dtype):
+def special_ids(manifest):
+    """The `pad_id`, `bos_id` and `eos_id` a manifest's examples are written with.
+
+    A run's vocabulary sets them (an imported Marian model's differ from
+    ours); manifests that do not list them were written with ours.
+    """
+    ids = {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+    return {**ids, **manifest.get("special_ids", {})}
+
+
+def decode_record(dtype, bos_id=BOS_ID, eos_id=EOS_ID):
     """A function from a record to `{"source": ids + [EOS], "target": [BOS] + ids + [EOS]}`."""
     tf_dtype = tf.as_dtype(dtype)
 
@@ -92,8 +102,8 @@ def decode_record(dtype):
         values = tf.cast(tf.io.decode_raw(record, tf_dtype, little_endian=True), tf.int32)
         length = values[0] + 1
         return {
-            "source": tf.concat([values[1:length], [EOS_ID]], axis=0),
-            "target": tf.concat([[BOS_ID], values[length:], [EOS_ID]], axis=0),
+            "source": tf.concat([values[1:length], [eos_id]], axis=0),
+            "target": tf.concat([[bos_id], values[length:], [eos_id]], axis=0),
         }
 
     return decode
@@ -165,7 +175,8 @@ def read_examples(manifest, folder, shuffle=False, seed=0, pipeline=0, pipelines
         `tf.data.Dataset` of dicts of int32 `source` `(S,)` (ending in EOS)
         and `target` `(T + 1,)` (BOS, pieces, EOS).
     """
-    decode = decode_record(manifest["dtype"])
+    ids = special_ids(manifest)
+    decode = decode_record(manifest["dtype"], ids["bos_id"], ids["eos_id"])
     streams = []
     for corpus in manifest["corpora"]:
         files = [os.path.join(folder, s["file"]) for s in corpus["shards"]][pipeline::pipelines]

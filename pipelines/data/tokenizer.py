@@ -9,11 +9,13 @@ tf.data and inside the exported SavedModel with tensorflow-text's
 import collections
 import io
 import os
+from typing import NamedTuple
 
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import DataError
 from pipelines.files import atomic_output
 
@@ -130,6 +132,37 @@ def load_tokenizer(model_path):
     return tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
 
 
+class Sides(NamedTuple):
+    """The two tokenizers of a model with one SentencePiece model a side (an imported Marian's).
+
+    Wherever a function of `pipelines.serving.translation` takes a
+    `tokenizer`, it takes a `Sides` too: sources are tokenized with `source`,
+    and targets (prefixes, scored translations) tokenized and outputs
+    detokenized with `target`.
+    """
+
+    source: object
+    target: object
+
+
+def sides(tokenizer):
+    """`(source, target)` tokenizers: a `Sides`' two, or one tokenizer serving both sides."""
+    return tuple(tokenizer) if isinstance(tokenizer, Sides) else (tokenizer, tokenizer)
+
+
+def load_tokenizers(model_path):
+    """A run's tensorflow-text tokenizers: one, or a `Sides` where it has one a side.
+
+    Args:
+        model_path: str, the run's (source or shared) `.model` file; the
+            target's is found beside it (`target_vocabulary_path`).
+    """
+    target = target_vocabulary_path(model_path)
+    if target == model_path:
+        return load_tokenizer(model_path)
+    return Sides(load_tokenizer(model_path), load_tokenizer(target))
+
+
 def vocabulary_size(model_path):
     """Returns the number of pieces in a SentencePiece model file."""
     return spm.SentencePieceProcessor(model_file=model_path).get_piece_size()
@@ -146,11 +179,10 @@ def special_ids(model_path):
         dict with int `pad_id`, `bos_id`, `eos_id`.
     """
     processor = spm.SentencePieceProcessor(model_file=model_path)
-    return {
-        "pad_id": processor.pad_id(),
-        "bos_id": processor.bos_id(),
-        "eos_id": processor.eos_id(),
-    }
+    # A vocabulary without a start piece (an imported Marian model's) starts
+    # decoding with the padding piece.
+    bos = processor.bos_id() if processor.bos_id() >= 0 else processor.pad_id()
+    return {"pad_id": processor.pad_id(), "bos_id": bos, "eos_id": processor.eos_id()}
 
 
 def check_special_ids(model, model_path):

@@ -6,8 +6,9 @@ module imports it only when called.
 
     kt ct2-export --run-dir runs/multi30k --output ct2/multi30k
 
-The folder holds `model.bin`, `config.json`, the shared vocabulary and a copy
-of `sentencepiece.model`. `CTranslate2Translator` wraps it with the same
+The folder holds `model.bin`, `config.json`, the vocabulary and a copy
+of `sentencepiece.model` (and `sentencepiece.target.model` for a model with
+one a side). `CTranslate2Translator` wraps it with the same
 tokenization as the SavedModel export: SentencePiece pieces, EOS appended to
 the source, sources longer than `max_source_length - 1` pieces truncated.
 
@@ -27,6 +28,7 @@ import shutil
 import numpy as np
 
 from pipelines.data.tokenizer import check_special_ids
+from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder
 from pipelines.serving.translation import EXTRA_LENGTH
@@ -92,26 +94,50 @@ def _positions(model, encoding_layer, num_positions):
     return _numpy(encoding_layer.encoding(num_positions, model.hidden_dim))
 
 
-def model_spec(model, pieces, num_positions=1024):
+def model_spec(model, pieces, num_positions=1024, target_pieces=None):
     """Describes a built `Transformer` as a `ctranslate2.specs.TransformerSpec`.
 
+    A model that starts decoding with its padding token (an imported Marian
+    model's, whose padding embedding is zero) is written as CTranslate2's own
+    Marian converter writes it: the padding token, the last, is left out of
+    the vocabularies and weights (so it is never generated), and the decoder
+    starts from a zero embedding.
+
     Args:
-        model: a built `keras_transformer.Transformer` with one shared vocabulary.
-        pieces: list of str, the vocabulary in id order.
+        model: a built `keras_transformer.Transformer`.
+        pieces: list of str, the (source) vocabulary in id order.
         num_positions: int, sinusoidal positions written into the model (the
             longest source or translation it can handle).
+        target_pieces: list of str, the target vocabulary where it is another
+            (None: `pieces`).
 
     Returns:
         the spec, weights set and vocabularies registered.
     """
     from ctranslate2 import specs
 
-    if model.target_vocabulary_size != model.vocabulary_size:
-        raise ExportError("CTranslate2 export needs one shared vocabulary")
-    if len(pieces) != model.vocabulary_size:
+    target_pieces = pieces if target_pieces is None else target_pieces
+    for name, found, size in (
+        ("source", pieces, model.vocabulary_size),
+        ("target", target_pieces, model.target_vocabulary_size),
+    ):
+        if len(found) != size:
+            raise ExportError(
+                f"the {name} SentencePiece model has {len(found)} pieces but the model's "
+                f"{name} vocabulary has {size}"
+            )
+    starts_with_pad = model.bos_id == model.pad_id
+    if starts_with_pad and {len(pieces) - 1, len(target_pieces) - 1} != {model.pad_id}:
         raise ExportError(
-            f"the SentencePiece model has {len(pieces)} pieces but the model's "
-            f"vocabulary_size is {model.vocabulary_size}"
+            f"the model starts decoding with its padding token {model.pad_id}, which "
+            "CTranslate2 takes only as the last token"
+        )
+    start_row = _numpy(model.target_embedding.embeddings)[model.bos_id]
+    if starts_with_pad and np.abs(start_row).max() > 0:
+        raise ExportError(
+            "the model starts decoding with its padding token, whose embedding row is not zero "
+            "(a fine-tuned imported model's): CTranslate2 would start it from a zero "
+            "embedding; serve its SavedModel (kt export) instead"
         )
     activation = model.activation.__name__
     if activation not in _ACTIVATIONS:
@@ -124,6 +150,8 @@ def model_spec(model, pieces, num_positions=1024):
     )
     spec.config.layer_norm_epsilon = model.layer_norm_epsilon
     spec.config.add_source_eos = True
+    spec.config.eos_token = target_pieces[model.eos_id]
+    spec.config.decoder_start_token = target_pieces[model.bos_id]
     encoder, decoder = spec.encoder, spec.decoder
     embeddings = _numpy(model.source_embedding.embeddings)
     encoder.embeddings[0].weight = embeddings
@@ -133,6 +161,8 @@ def model_spec(model, pieces, num_positions=1024):
     decoder.position_encodings.encodings = _positions(model, model.target_positions, num_positions)
     if model.output_projection is None:
         decoder.projection.weight = decoder.embeddings.weight
+        if model.logits_bias is not None:
+            decoder.projection.bias = _numpy(model.logits_bias)
     else:
         _set_linear(decoder.projection, model.output_projection)
     for layer_spec, layer in zip(encoder.layer, model.encoder.stack_layers, strict=True):
@@ -151,9 +181,23 @@ def model_spec(model, pieces, num_positions=1024):
     for stack, stack_spec in ((model.encoder, encoder), (model.decoder, decoder)):
         if stack.final_norm is not None:
             _set_norm(stack_spec.layer_norm, stack.final_norm)
+    if starts_with_pad:
+        _drop_padding_token(spec)
+        decoder.start_from_zero_embedding = True
+        spec.config.decoder_start_token = spec.config.eos_token  # any: the embedding is zero
+        pieces, target_pieces = pieces[:-1], target_pieces[:-1]
     spec.register_source_vocabulary(pieces)
-    spec.register_target_vocabulary(pieces)
+    spec.register_target_vocabulary(target_pieces)
     return spec
+
+
+def _drop_padding_token(spec):
+    """Removes the last row (the padding token's) of the embeddings, projection and its bias."""
+    for item in (spec.encoder.embeddings[0], spec.decoder.embeddings, spec.decoder.projection):
+        item.weight = item.weight[:-1]
+        bias = getattr(item, "bias", None)
+        if isinstance(bias, np.ndarray):
+            item.bias = bias[:-1]
 
 
 def convert(
@@ -185,15 +229,18 @@ def convert(
     if os.path.exists(output_dir) and not force:
         raise ExportError(f"{output_dir} exists; pass force=True (--force) to replace it")
     check_special_ids(model, spm_path)
-    processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    spec = model_spec(model, pieces, num_positions=max_source_length + extra_length + 1)
+    target_path = target_vocabulary_path(spm_path)
+    pieces, target_pieces = (_pieces(sentencepiece, path) for path in (spm_path, target_path))
+    positions = max_source_length + extra_length + 1
+    spec = model_spec(model, pieces, positions, target_pieces)
     spec.validate()
     spec.optimize(quantization=quantization)
     parent = os.path.dirname(os.path.abspath(output_dir))
     staging = staging_folder(parent)
     spec.save(staging)
     shutil.copy(spm_path, os.path.join(staging, "sentencepiece.model"))
+    if target_path != spm_path:
+        shutil.copy(target_path, os.path.join(staging, "sentencepiece.target.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
         json.dump({"max_source_length": max_source_length, "extra_length": extra_length}, handle)
     # The folder is replaced whole: the old one is moved aside, then removed.
@@ -203,6 +250,11 @@ def convert(
     os.rename(staging, output_dir)
     shutil.rmtree(old, ignore_errors=True)
     return output_dir
+
+
+def _pieces(sentencepiece, path):
+    processor = sentencepiece.SentencePieceProcessor(model_file=path)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
 class CTranslate2Translator:
@@ -228,8 +280,10 @@ class CTranslate2Translator:
             intra_threads=threads,
             compute_type=compute_type,
         )
-        self.processor = sentencepiece.SentencePieceProcessor(
-            model_file=os.path.join(path, "sentencepiece.model")
+        vocabulary = os.path.join(path, "sentencepiece.model")
+        self.processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+        self.target_processor = sentencepiece.SentencePieceProcessor(
+            model_file=target_vocabulary_path(vocabulary)
         )
         with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as handle:
             options = json.load(handle)
@@ -263,5 +317,5 @@ class CTranslate2Translator:
             return_scores=True,
         )
         tokens = [r.hypotheses[0] for r in results]
-        translations = [self.processor.decode_pieces(t) for t in tokens]
+        translations = [self.target_processor.decode_pieces(t) for t in tokens]
         return translations, [r.scores[0] for r in results], [len(t) for t in tokens]

@@ -3,7 +3,8 @@
 `export(Translator(model, ...), "saved_models/default")` writes
 `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout; the command is
 `kt export`). The SavedModel
-holds the SentencePiece model as an asset (`assets/sentencepiece.model`) and
+holds the SentencePiece model as an asset (`assets/sentencepiece.model`, and
+`assets/sentencepiece.target.model` for a model with one a side) and
 does everything in its graph: UTF-8 cleanup, tokenization, truncation, beam
 search with the key/value cache over length-sorted chunks of the request,
 detokenization. It needs only tensorflow and tensorflow-text to load.
@@ -49,7 +50,8 @@ import shutil
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from pipelines.data.tokenizer import check_special_ids
+from pipelines.data.tokenizer import Sides, check_special_ids
+from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE
@@ -125,15 +127,12 @@ class Translator(tf.Module):
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
-        self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
-        self.parser_tags = _tags_asset(sentencepiece_path)  # beside it, for `kt parse`
-        with open(sentencepiece_path, "rb") as handle:
-            self.tokenizer = tf_text.SentencepieceTokenizer(model=handle.read())
+        tokenizers = self._add_vocabularies(sentencepiece_path)
 
         translate = functools.partial(  # (sentences, beam_size, alpha, num_hypotheses, **options)
             translate_strings,
             model,
-            self.tokenizer,
+            tokenizers,
             max_source_length=max_source_length,
             chunk_size=chunk_size,
             extra_length=extra_length,
@@ -172,17 +171,32 @@ class Translator(tf.Module):
         def score(sources, targets):
             check_rows(sources, targets=targets)
             scores, lengths = score_strings(
-                model, self.tokenizer, sources, targets, max_source_length, chunk_size
+                model, tokenizers, sources, targets, max_source_length, chunk_size
             )
             return {"scores": scores, "lengths": lengths}
 
         prefix, align, sample = _guided_signatures(
-            translate, model, self.tokenizer, beam_size, alpha,
+            translate, model, tokenizers, beam_size, alpha,
             (max_source_length, chunk_size, extra_length),
         )  # fmt: skip
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
         self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
         self.model_variables = _captured_variables(self.signatures().values())
+
+    def _add_vocabularies(self, sentencepiece_path):
+        """Tracks the vocabulary files as assets; returns the tokenizer or a `Sides` of two."""
+        self.sentencepiece_model = tf.saved_model.Asset(sentencepiece_path)
+        self.parser_tags = _tags_asset(sentencepiece_path)  # beside it, for `kt parse`
+        self.tokenizer = _tokenizer(sentencepiece_path)
+        target_path = target_vocabulary_path(sentencepiece_path)
+        if target_path == sentencepiece_path:
+            return self.tokenizer
+        # One a side (an imported Marian model).
+        self.target_sentencepiece_model = tf.saved_model.Asset(target_path)
+        # A name of its own: two tokenizers of one name share one model once the SavedModel
+        # is loaded (tensorflow-text's kernel resource), and targets came out in source pieces.
+        self.target_tokenizer = _tokenizer(target_path, name="target_tokenizer")
+        return Sides(self.tokenizer, self.target_tokenizer)
 
     def signatures(self):
         return {
@@ -194,6 +208,12 @@ class Translator(tf.Module):
             "align": self.align,
             "sample": self.sample,
         }
+
+
+def _tokenizer(path, name=None):
+    """A tensorflow-text tokenizer holding the SentencePiece file's bytes in the graph."""
+    with open(path, "rb") as handle:
+        return tf_text.SentencepieceTokenizer(model=handle.read(), name=name)
 
 
 def _checked_float32(model, sentencepiece_path):

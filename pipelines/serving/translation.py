@@ -12,6 +12,7 @@ holds, and sentences of similar length share a chunk.
 import tensorflow as tf
 
 from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
+from pipelines.data.tokenizer import sides
 
 # Target pieces a sentence may produce beyond its source pieces by default
 # (section 6.1: input length + 50); a parser's run sets its own (`extra_length`).
@@ -150,7 +151,8 @@ def translate_strings(
 
     Args:
         model: a trained `Transformer`.
-        tokenizer: the tensorflow-text tokenizer it was trained with.
+        tokenizer: the tensorflow-text tokenizer it was trained with, or a
+            `Sides` of two.
         sentences: string `(B,)`.
         beam_size: int or int32 scalar; 1 runs greedy search.
         alpha: float or float32 scalar, length penalty exponent.
@@ -181,10 +183,11 @@ def translate_strings(
         End-of-sentence tokens are left out of pieces and positions.
     """
     sentences = tf.convert_to_tensor(sentences, tf.string)
-    source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
+    source_tokenizer, target_tokenizer = sides(tokenizer)
+    source = encode(source_tokenizer, sentences, model.eos_id, max_source_length)  # (B, None)
     prefix = None
     if prefixes is not None:
-        prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
+        prefix = encode(target_tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
         limits = source.row_lengths() + extra_length
         _refuse_rows(
             prefix.row_lengths() > limits,
@@ -207,7 +210,7 @@ def translate_strings(
         results = search(
             model, source_ids, beam_size, alpha, num_hypotheses, *options, constraint=constraint
         )
-        texts = decode(tokenizer, results[0], model.eos_id)
+        texts = decode(target_tokenizer, results[0], model.eos_id)
         if not return_alignments:
             return texts, results[1]
         positions = _alignment_positions(model, source_ids, results[2])  # (C, N, T)
@@ -232,10 +235,11 @@ def translate_strings(
     source_ids = source.to_tensor(model.pad_id)  # (B, S)
     source_real = _pieces_mask(model, source_ids) & ~empty[:, None]
     source_used = _most(tf.reduce_sum(tf.cast(source_real, tf.int32), 1))
-    source_pieces = tf.where(source_real, tokenizer.id_to_string(source_ids), "")
+    source_pieces = tf.where(source_real, source_tokenizer.id_to_string(source_ids), "")
+    target_pieces = tf.where(real, target_tokenizer.id_to_string(tokens), "")
     alignments = {
         "alignments": tf.where(real, positions, -1)[:, :, :width],
-        "target_pieces": tf.where(real, tokenizer.id_to_string(tokens), "")[:, :, :width],
+        "target_pieces": target_pieces[:, :, :width],
         "source_pieces": source_pieces[:, :source_used],
     }
     return texts, scores, alignments
@@ -311,7 +315,8 @@ def sample_strings(
 
     Args:
         model: a trained `Transformer`.
-        tokenizer: the tensorflow-text tokenizer it was trained with.
+        tokenizer: the tensorflow-text tokenizer it was trained with, or a
+            `Sides` of two.
         sentences: string `(B,)`.
         temperature: float32 `(B,)`, each > 0.
         top_k: int32 `(B,)`, each >= 0 (0: no cut).
@@ -340,7 +345,8 @@ def sample_strings(
     ]
     for valid, message in checks:
         _refuse_rows(~valid, f"{message}; rows:")
-    source = encode(tokenizer, sentences, model.eos_id, max_source_length)  # ragged (B, None)
+    source_tokenizer, target_tokenizer = sides(tokenizer)
+    source = encode(source_tokenizer, sentences, model.eos_id, max_source_length)  # (B, None)
 
     def sample_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
@@ -361,7 +367,7 @@ def sample_strings(
             extra_length=extra_length,
             uniforms=row_uniforms[:, None],
         )  # (C, 1, T), (C, 1)
-        return decode(tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]
+        return decode(target_tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]
 
     texts, scores = by_length_chunks(
         source.row_lengths(), chunk_size, sample_chunk, [(tf.string, [None]), (tf.float32, [None])]
@@ -382,7 +388,8 @@ def score_strings(
 
     Args:
         model: a trained `Transformer`.
-        tokenizer: the tensorflow-text tokenizer it was trained with.
+        tokenizer: the tensorflow-text tokenizer it was trained with, or a
+            `Sides` of two.
         sources, targets: string `(B,)`, aligned.
         max_source_length: int or None, source ids kept (EOS included).
         chunk_size: int, the most pairs scored at once.
@@ -392,8 +399,9 @@ def score_strings(
         target tokens scored (EOS included), in input order.
     """
     sources = tf.convert_to_tensor(sources, tf.string)
-    source = encode(tokenizer, sources, model.eos_id, max_source_length)  # ragged (B, None)
-    target = encode(tokenizer, tf.convert_to_tensor(targets, tf.string), model.eos_id)
+    source_tokenizer, target_tokenizer = sides(tokenizer)
+    source = encode(source_tokenizer, sources, model.eos_id, max_source_length)  # (B, None)
+    target = encode(target_tokenizer, tf.convert_to_tensor(targets, tf.string), model.eos_id)
 
     def score_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)

@@ -129,6 +129,14 @@ class ModelConfig:
     tie_output_embeddings: bool | None = setting(None, "target embedding as output projection")
     learned_positions: bool | None = setting(None, "learned positions instead of sinusoids")
     max_positions: int | None = setting(None, "positions a learned table covers", low=1)
+    sinusoid_layout: str | None = setting(
+        None, "sines and cosines interleaved (the paper's) or concatenated (Marian's)",
+        choices=("interleaved", "concatenated"),
+    )  # fmt: skip
+    output_bias: bool | None = setting(None, "a learned bias on the tied output logits")
+    init_from: str | None = setting(
+        None, "a run folder or .keras file to start from: its architecture, vocabulary, weights"
+    )
 
 
 @dataclasses.dataclass
@@ -226,7 +234,7 @@ class TrainConfig:
         arguments = dict(PRESETS[model.preset]) if model.preset else {}
         for field in dataclasses.fields(model):
             value = getattr(model, field.name)
-            if field.name != "preset" and value is not None:
+            if field.name not in ("preset", "init_from") and value is not None:
                 arguments[field.name] = value
         return {"vocabulary_size": vocabulary_size, **arguments, **(special_ids or {})}
 

@@ -5,7 +5,7 @@ that a rerun skips when complete:
   1. `plan.json`: one streaming pass over the corpora (`scan.scan`) checks
      and counts them and draws the vocabulary's sample (`sample.txt`);
   2. `sentencepiece.model`: trained on that sample, beside the run's other
-     outputs; the sample is then removed;
+     outputs (or copied from the `init_from` model); the sample is then removed;
   3. `train/` and `validation/`: tokenized shards and their manifest
      (`preparation.prepare_shards`).
 Every other worker waits for the chief's complete manifests and reads its
@@ -21,11 +21,13 @@ import time
 
 from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
 from pipelines.data.progress import PROGRESS_SECONDS
+from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import DataError, UsageError
 from pipelines.files import atomic_text, read_json, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import tags_path, target_tokens, treebank_pairs
 from pipelines.training.heldout import is_parser, tree_words
+from pipelines.training.init_from import copy_vocabulary, find_source
 
 logger = logging.getLogger(__name__)
 
@@ -267,13 +269,21 @@ def _prepare_data(config, out_dir, workers):
             f"{train_dir} was prepared for {min(plan['shards'])} workers, fewer than these "
             f"{workers}: train into a new output_dir"
         )
-    if not os.path.exists(spm_path):  # a resumed run keeps its vocabulary
+    if os.path.exists(spm_path):  # a resumed run keeps its vocabulary
+        pass
+    elif config.model.init_from:  # the source model's, byte for byte
+        copy_vocabulary(find_source(config.model.init_from), out_dir)
+    else:
         train_vocabulary(config, _sample_pairs(train_dir), spm_path)
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
         os.remove(os.path.join(train_dir, "sample.txt"))
     identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
-    dtype = shards.record_dtype(tokenizer.vocabulary_size(spm_path))
-    plan = {**plan, "identity": identity, "dtype": dtype}
+    sizes = [
+        tokenizer.vocabulary_size(path) for path in (spm_path, target_vocabulary_path(spm_path))
+    ]
+    dtype = shards.record_dtype(max(sizes))
+    ids = tokenizer.special_ids(spm_path)  # the examples' start, end and padding ids
+    plan = {**plan, "identity": identity, "dtype": dtype, "special_ids": ids}
     train = preparation.prepare_shards(
         corpora, train_dir, spm_path, plan, config.batching.subword_sampling
     )
@@ -298,6 +308,7 @@ def _prepare_heldout(pairs, folder, plan):
         "seed": plan["seed"],
         "copies": 1,
         "dtype": plan["dtype"],
+        "special_ids": plan["special_ids"],
     }
     spm = os.path.join(os.path.dirname(os.path.dirname(folder)), "sentencepiece.model")
     return preparation.prepare_shards(
@@ -331,7 +342,8 @@ def wait_for_data(chief_dir, out_dir):
     if read_json(ready)["validation"]:
         validation = _complete(os.path.join(data_dir, "validation"))
     os.makedirs(out_dir, exist_ok=True)
-    for name in ("sentencepiece.model", os.path.basename(tags_path("sentencepiece.model"))):
+    names = ("sentencepiece.model", "sentencepiece.target.model", tags_path("sentencepiece.model"))
+    for name in names:
         if os.path.exists(os.path.join(chief_dir, name)):
             shutil.copyfile(os.path.join(chief_dir, name), os.path.join(out_dir, name))
     return train, validation, (None, None)

@@ -74,7 +74,7 @@ def heldout_scores(config, out_dir, model, evaluation, split):
         constraint = bracket_constraint(spm_path, model.eos_id, tree_words(config))
     hypotheses = translate(
         with_dtype_policy(model, "float32"),  # as `kt export` decodes a mixed-precision run
-        tokenizer.load_tokenizer(spm_path),
+        tokenizer.load_tokenizers(spm_path),
         sources,
         max_source_length=config.batching.max_length,
         extra_length=config.decoding.extra_length,

@@ -23,6 +23,7 @@ from pipelines.training.checkpoints import (
     repair_backup,
 )
 from pipelines.training.heldout import heldout_pairs, heldout_scores
+from pipelines.training.init_from import find_source, source_model_arguments
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.process_batches import ProcessBatches
 from pipelines.training.progress import ProgressLines
@@ -166,6 +167,7 @@ def training_batches(config, manifest, folder, pipeline, pipelines, batch_tokens
         seed=seed,
         shuffle_buffer=config.batching.shuffle_buffer,
         cache=False,
+        pad_id=shards.special_ids(manifest)["pad_id"],
         **shapes,
     )
 
@@ -179,7 +181,7 @@ def _tensorflow_parallel(config):
         workers=_tf_workers(),
         scope=strategy.scope,
         train_data=lambda manifest, folder: _train_dataset_fn(config, manifest, folder),
-        validation_data=lambda examples: _validation_batches(config, examples),
+        validation_data=lambda manifest, folder: _validation_batches(config, manifest, folder),
         trainer=lambda model, optimizer, schedule: Trainer(
             model,
             optimizer,
@@ -192,15 +194,19 @@ def _tensorflow_parallel(config):
     )
 
 
-def _validation_batches(config, examples, **shapes):
-    """The validation examples in batches of `batch_tokens`, in order, once (`shapes`: JAX's)."""
+def _validation_batches(config, manifest, folder, **shapes):
+    """The prepared validation examples in batches of `batch_tokens`, in order, once.
+
+    `shapes`: JAX's fixed-shape options, as `training_batches` takes them.
+    """
     batching_config = config.batching
     return batching.batch_examples(
-        examples,
+        shards.read_examples(manifest, folder),
         batching_config.batch_tokens,
         batching_config.max_length,
         shuffle=False,
         cache=False,
+        pad_id=shards.special_ids(manifest)["pad_id"],
         **shapes,
     )
 
@@ -288,7 +294,9 @@ def _jax_parallel(config):
         workers=processes,
         scope=distribution.scope,
         train_data=train_data,
-        validation_data=lambda examples: _validation_batches(config, examples, **shapes),
+        validation_data=lambda manifest, folder: _validation_batches(
+            config, manifest, folder, **shapes
+        ),
         trainer=lambda model, optimizer, schedule: JaxTrainer(
             model,
             optimizer,
@@ -306,7 +314,8 @@ def build_model(config, spm_path):
 
     Call it under the run's strategy or distribution scope, after
     `keras.utils.set_random_seed(config.optimization.seed)`: the same seed
-    gives the same initial weights.
+    gives the same initial weights. With `model.init_from` the weights are
+    the source model's.
 
     Args:
         config: a `TrainConfig`.
@@ -319,8 +328,13 @@ def build_model(config, spm_path):
     arguments = config.model_arguments(
         tokenizer.vocabulary_size(spm_path), tokenizer.special_ids(spm_path)
     )
+    source = find_source(config.model.init_from) if config.model.init_from else None
+    if source:  # the source's own arguments (an imported model's options too), its weights
+        arguments = source_model_arguments(source, arguments)
     model = kt.Transformer(**arguments)
     model.build(((None, None), (None, None)))
+    if source:  # a resumed run's backup is restored over these later
+        model.load_weights(source.model)
     # With a time budget the run's length is known only once steps are
     # timed: `TimeBudget` sets the schedule's total then.
     schedule = kt.TransformerSchedule(
@@ -373,7 +387,7 @@ def run_training(config):
     validation_dir = os.path.join(chief_dir, "data", "validation")
     validation_data = None
     if validation is not None:
-        validation_data = parallel.validation_data(shards.read_examples(validation, validation_dir))
+        validation_data = parallel.validation_data(validation, validation_dir)
 
     if config.optimization.mixed_precision:
         keras.mixed_precision.set_dtype_policy(config.optimization.mixed_precision)

@@ -96,6 +96,9 @@ def test_every_command_shown_parses(page, line, monkeypatch):
     assert cli.main(argv) == 0
     (args,) = parsed
     if argv[0] == "train" and not args.config:
-        from pipelines.commands.train import _settings
+        from pipelines.commands.train import _settings, resolved_config
 
-        config.load_config(args.recipe, None, _settings(args))
+        if getattr(args, "init_from", None):  # no source run here: the other settings checked
+            config.load_config(args.recipe or "finetune", None, _settings(args))
+        else:
+            resolved_config(args)

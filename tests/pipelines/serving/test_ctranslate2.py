@@ -41,12 +41,15 @@ def keras_log_probs(model, processor, sources, targets):
         {"normalize_first": True},
         {"tie_output_embeddings": False, "learned_positions": True, "max_positions": 64},
         {"activation": "gelu", "num_heads": 4},
+        {"activation": "swish", "sinusoid_layout": "concatenated", "output_bias": True},
     ],
-    ids=["paper", "pre-norm", "untied-learned-positions", "gelu"],
+    ids=["paper", "pre-norm", "untied-learned-positions", "gelu", "marian"],
 )
 def test_converted_model_scores_every_token_as_keras_does(tmp_path, architecture):
     arguments = {"num_layers": 2, "hidden_dim": 32, "intermediate_dim": 64, "num_heads": 2}
     model, spm_path = tiny_translation_model(tmp_path, 150, **{**arguments, **architecture})
+    if model.logits_bias is not None:
+        model.logits_bias.assign(np.random.default_rng(0).normal(size=150).astype("float32"))
     path = convert(model, spm_path, str(tmp_path / "ct2"), max_source_length=32)
     processor = spm.SentencePieceProcessor(model_file=spm_path)
     targets = ["Montag, 3. März 2014", "16:08", "12,5 %", "1.234,5 Kilometer"]

@@ -69,7 +69,7 @@ def test_model_settings_cover_the_transformer_arguments():
     arguments = set(inspect.signature(Transformer.__init__).parameters) - {"self", "kwargs"}
     # The tokenizer decides the vocabulary and the special ids.
     decided_elsewhere = {"vocabulary_size", "target_vocabulary_size", "pad_id", "bos_id", "eos_id"}
-    fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"preset"}
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"preset", "init_from"}
     assert fields == arguments - decided_elsewhere
 
 

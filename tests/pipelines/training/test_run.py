@@ -228,7 +228,12 @@ def test_a_run_folder_prepared_from_other_data_is_refused(tmp_path, capsys):
     out = ["--output-dir", str(tmp_path / "run"), "--steps", "2"]
     assert main(out + TINY) == 0
     plan = (tmp_path / "run" / "data" / "train" / "plan.json").read_bytes()
-    err = run_main(capsys, *out, *TINY, "--set", "vocabulary_sample=100", "--shard-size", "9")
+    other = ["--set", "vocabulary_sample=100", "--shard-size", "9"]
+    err = run_main(capsys, *out, *TINY, *other)
+    assert "data.shard_size 200000 -> 9, batching.vocabulary_sample 500000 -> 100" in err
+    # The prepared data is checked too, where the run's settings are not recorded.
+    (tmp_path / "run" / "config.json").unlink()
+    err = run_main(capsys, *out, *TINY, *other)
     data = tmp_path / "run" / "data"
     assert (
         f"{data} holds data prepared from other data or settings (vocabulary_sample, shard_size)"

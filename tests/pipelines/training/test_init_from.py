@@ -1,0 +1,177 @@
+"""`kt train --init-from`: a run started from a trained one; and a rerun's settings checked."""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from pipelines.commands.train import main
+from pipelines.data.default_corpus import default_corpus
+from pipelines.training.config import load_config
+from pipelines.training.heldout import heldout_scores
+from pipelines.training.identity import RESUMABLE, differing_settings
+from pipelines.training.init_from import apply_source, source_arguments
+from pipelines.training.run import build_model
+from tests.pipelines.training.shared import TINY
+from tests.test_case import killed_and_resumed
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def refused(capsys, *argv):
+    """The one `error:` line `kt train argv` ends with (status 2)."""
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_info:  # argparse's own errors
+        status = exit_info.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def printed_config(capsys, *argv):
+    assert main([*argv, "--print-config"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A finished tiny run on the default corpus: the model runs start from."""
+    out = tmp_path_factory.mktemp("source") / "run"
+    flags = ["--steps", "4", "--steps-per-epoch", "2", "--set", "heldout_split=none", *TINY]
+    assert main(["--output-dir", str(out), *flags]) == 0
+    return out
+
+
+def files_bytes(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_a_rerun_with_other_architecture_or_data_is_refused_and_loses_nothing(source, capsys):
+    before = files_bytes(source)
+    err = refused(
+        capsys, "--output-dir", str(source), *TINY, "--set", "model.hidden_dim=64",
+        "--target-locale", "fr",
+    )  # fmt: skip
+    assert "model.hidden_dim 32 -> 64" in err and 'data.target_locale "de" -> "fr"' in err
+    assert f"--init-from {source}" in err and "new --output-dir" in err
+    assert files_bytes(source) == before
+
+
+def test_a_rerun_may_change_only_the_resumable_settings(source):
+    recorded = json.loads((source / "config.json").read_text())
+    changed = {"steps": 99, "max_minutes": 5, "average_last": 2, "beam_size": 1}
+    assert set(changed) <= set(RESUMABLE)
+    config = load_config("default", str(source / "config.json"), changed)
+    assert differing_settings(recorded, config) == []
+    # The recorded paths are compared as absolute paths; a setting a run's
+    # config.json lacks (an older run's) counts as its default.
+    del recorded["batching"]["shuffle_buffer"]
+    recorded["data"]["multi30k_dir"] = os.path.relpath(source)
+    config.data.multi30k_dir = str(source)
+    assert differing_settings(recorded, config) == []
+    config.batching.shuffle_buffer = 7
+    assert differing_settings(recorded, config) == [("batching.shuffle_buffer", 100_000, 7)]
+
+
+def test_the_architecture_comes_from_the_source(source, tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run"), "--init-from", str(source)]
+    config = printed_config(capsys, *out, "--dropout", "0.3")
+    stored = source_arguments(str(source / "model.keras"))
+    for name in ("num_layers", "hidden_dim", "intermediate_dim", "num_heads", "normalize_first"):
+        assert config["model"][name] == stored[name]
+    assert config["model"]["preset"] is None and config["model"]["dropout"] == 0.3
+    assert config["batching"]["vocabulary_size"] == stored["vocabulary_size"] == 200
+    # The fine-tuning recipe's schedule, unless another recipe is named.
+    assert config["optimization"]["warmup_steps"] == 200
+    assert config["optimization"]["learning_rate_scale"] == 0.1
+    assert printed_config(capsys, *out, "--recipe", "default")["optimization"]["steps"] == 1600
+    err = refused(capsys, *out, "--hidden-dim", "64", "--vocabulary-size", "300")
+    assert "model.hidden_dim=64 where it has 32" in err
+    assert "batching.vocabulary_size=300 where it has 200" in err
+    err = refused(capsys, *out, "--preset", "transformer_base")
+    assert "model.num_layers=6 where it has 1" in err
+
+
+def test_a_source_that_cannot_be_used_is_refused(source, tmp_path, capsys):
+    out = ["--output-dir", str(tmp_path / "run")]
+    assert "neither a run folder nor a .keras file" in refused(
+        capsys, *out, "--init-from", str(tmp_path / "missing")
+    )
+    (tmp_path / "empty").mkdir()
+    assert "holds no model.keras" in refused(capsys, *out, "--init-from", str(tmp_path / "empty"))
+    checkpoint = sorted((source / "checkpoints").iterdir())[-1]
+    lone = tmp_path / "lone.keras"
+    lone.write_bytes(checkpoint.read_bytes())
+    assert "no sentencepiece.model beside" in refused(capsys, *out, "--init-from", str(lone))
+    (tmp_path / "sentencepiece.model").write_bytes(b"not a model")
+    assert "is not a SentencePiece model" in refused(capsys, *out, "--init-from", str(lone))
+    err = refused(capsys, "--output-dir", str(source), "--init-from", str(source))
+    assert "is this run's own output_dir" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_starts_from_the_source_weights_and_vocabulary(source, tmp_path, capsys):
+    out = tmp_path / "run"
+    # A checkpoint finds the vocabulary in the run folder above it.
+    checkpoint = str(sorted((source / "checkpoints").iterdir())[-1])
+    flags = ["--output-dir", str(out), "--init-from", checkpoint, "--target-locale", "de_CH"]
+    flags += ["--set", "default_corpus_sizes=[300,20,20]", "--steps", "2", "--batch-tokens", "512"]
+    assert main(flags) == 0
+    capsys.readouterr()
+    vocabulary = (source / "sentencepiece.model").read_bytes()
+    assert (out / "sentencepiece.model").read_bytes() == vocabulary
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 2 and result["resumed_at_step"] == 0
+    # The model the first step updates holds the source's weights.
+    config = load_config("default", str(out / "config.json"))
+    apply_source(config, set())
+    keras.utils.set_random_seed(config.optimization.seed)
+    model, _, _ = build_model(config, str(out / "sentencepiece.model"))
+    expected = keras.saving.load_model(checkpoint)
+    assert len(model.weights) == len(expected.weights)
+    for ours, theirs in zip(model.weights, expected.weights, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.path)
+    # ... which two steps changed.
+    trained = keras.saving.load_model(out / "model.keras")
+    assert any(
+        not np.array_equal(a.numpy(), b.numpy())
+        for a, b in zip(trained.weights, expected.weights, strict=True)
+    )
+
+
+@pytest.mark.slow
+def test_a_killed_fine_tuning_run_resumes_from_its_own_backup(source, tmp_path):
+    out = tmp_path / "run"
+    steps = ["--steps", "300", "--steps-per-epoch", "300", "--backup-every", "5"]
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out),
+               "--init-from", str(source), "--batch-tokens", "512", *steps,
+               "--set", "default_corpus_sizes=[1500,40,40]"]  # fmt: skip
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    backup = out / "backup" / "training_metadata.json"
+    second = killed_and_resumed(command, ROOT, env, backup, out / "result.json")
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = json.loads((out / "result.json").read_text())
+    assert 0 < result["resumed_at_step"] < 300 and result["steps"] == 300
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_a_shifted_domain_improves_its_heldout_bleu(tmp_path, capsys):
+    """A model of German renderings, fine-tuned on Swiss German ones (1'234.5 for 1.234,5)."""
+    sizes = ["--set", "default_corpus_sizes=[1500,40,200]", "--set", "heldout_split=test"]
+    source = tmp_path / "de"
+    assert main(["--output-dir", str(source), *TINY, *sizes, "--steps", "600"]) == 0
+    tuned = tmp_path / "de_CH"
+    flags = ["--output-dir", str(tuned), "--init-from", str(source), "--batch-tokens", "512"]
+    assert main([*flags, *sizes, "--target-locale", "de_CH", "--steps", "300"]) == 0
+    capsys.readouterr()
+    config = load_config("default", str(tuned / "config.json"))
+    test = default_corpus([1500, 40, 200], "de_CH", config.optimization.seed)["test"]
+    model = keras.saving.load_model(source / "model.keras")
+    before = heldout_scores(config, str(source), model, test, "test")["greedy_bleu"]
+    after = json.loads((tuned / "result.json").read_text())["greedy_bleu"]
+    assert after > before + 5, (before, after)

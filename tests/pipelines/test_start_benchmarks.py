@@ -8,6 +8,7 @@ from benchmarks import finetune_domain, marian_import
 from tests.pipelines.test_benchmarks import read
 
 
+@pytest.mark.slow
 def test_finetune_domain_smoke(tmp_path, capsys):
     output = tmp_path / "finetune.json"
     tiny = ["model.num_layers=1", "model.hidden_dim=32", "model.intermediate_dim=64",
@@ -22,6 +23,7 @@ def test_finetune_domain_smoke(tmp_path, capsys):
     assert "de_CH test BLEU" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_marian_import_smoke(multi30k_dir, tmp_path):
     pytest.importorskip("transformers")
     output = tmp_path / "marian.json"

@@ -107,14 +107,21 @@ def timed_import(folder, run):
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def logits_difference(run, model, tokenizer, sentences):
-    """The largest absolute difference between our logits and `transformers`' on `sentences`."""
-    import keras
+def logits_difference(ours, model, tokenizer, sources, targets):
+    """The largest absolute difference of our logits from `transformers`' (teacher forcing).
+
+    Args:
+        ours: the imported `Transformer`.
+        model, tokenizer: the `MarianMTModel` and its `MarianTokenizer`.
+        sources, targets: lists of str, a batch of pairs (padded; padding positions left out).
+
+    Returns:
+        float.
+    """
     import numpy as np
     import torch
 
-    ours = keras.saving.load_model(os.path.join(run, "model.keras"))
-    batch = tokenizer(sentences, text_target=sentences, padding=True, return_tensors="pt")
+    batch = tokenizer(sources, text_target=targets, padding=True, return_tensors="pt")
     pad = model.config.pad_token_id
     labels = np.where(batch["labels"].numpy() == -100, pad, batch["labels"].numpy())
     decoder_inputs = np.concatenate([np.full((len(labels), 1), pad), labels[:, :-1]], axis=1)
@@ -192,6 +199,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sources, _ = read_parallel(parser, args, "test_2016_flickr")
     sources = sources[: args.sentences]
+    import keras
+
     from pipelines.data.corpus import load_multi30k
 
     train = load_multi30k(args.multi30k_dir, "train", "en", "de")[: args.train_sentences]
@@ -202,7 +211,8 @@ def main(argv=None):
             folder, [s for s, _ in train], [t for _, t in train], shape, args.pieces
         )
         import_seconds, peak = timed_import(folder, run)
-        difference = logits_difference(run, model, tokenizer, sources[:16])
+        ours = keras.saving.load_model(os.path.join(run, "model.keras"))
+        difference = logits_difference(ours, model, tokenizer, sources[:16], sources[:16])
         calls = engines(run, folder, model, tokenizer, work, args.threads, args.extra_length)
         size = args.batch_size
         batches = [sources[i : i + size] for i in range(0, len(sources), size)]

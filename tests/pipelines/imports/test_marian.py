@@ -9,6 +9,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
+from benchmarks.marian_import import logits_difference
 from keras_transformer import greedy_search
 from pipelines.commands import ctranslate2_export, export, import_model, train
 from pipelines.data.default_corpus import generate_pairs
@@ -113,20 +114,12 @@ def test_the_tokenizers_give_marians_ids(imported):
 
 def test_logits_equal_transformers(imported):
     tokenizer, model, ours = imported["tokenizer"], imported["model"], imported["ours"]
-    batch = tokenizer(SENTENCES, text_target=SENTENCES[::-1], padding=True, return_tensors="pt")
-    labels = batch["labels"].numpy()
-    pad = model.config.pad_token_id
-    labels = np.where(labels == -100, pad, labels)
-    decoder_inputs = np.concatenate([np.full((len(labels), 1), pad), labels[:, :-1]], axis=1)
-    with torch.no_grad():
-        expected = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            decoder_input_ids=torch.tensor(decoder_inputs),
-        ).logits.numpy()
-    logits = np.asarray(ours((batch["input_ids"].numpy(), decoder_inputs)))
-    real = labels != pad  # positions past a target's end are padding on both sides
-    np.testing.assert_allclose(logits[real], expected[real], atol=1e-4)
+    difference = logits_difference(ours, model, tokenizer, SENTENCES, SENTENCES[::-1])
+    assert difference < 1e-4
+    # A check that could fail: another model's logits are far from these.
+    other = keras.saving.load_model(imported["run"] / "model.keras")
+    other.logits_bias.assign(other.logits_bias.numpy() + 1.0)
+    assert logits_difference(other, model, tokenizer, SENTENCES, SENTENCES[::-1]) > 0.5
 
 
 def test_greedy_search_equals_generate(imported):

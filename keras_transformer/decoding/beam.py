@@ -2,6 +2,7 @@
 
 from keras import ops
 
+from keras_transformer.decoding.controls import check_controls, limit_lengths
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
     check_prefix,
@@ -233,6 +234,12 @@ def beam_search(
     target_prefix=None,
     return_attention=False,
     constraint=None,
+    no_repeat_ngram_size=0,
+    repetition_penalty=1.0,
+    min_length=0,
+    max_length=None,
+    disable_unk=False,
+    banned_tokens=None,
 ):
     """Beam search with the GNMT length penalty, returning the N best.
 
@@ -271,6 +278,10 @@ def beam_search(
             `greedy_search` returns them).
         constraint: callable or None, restricts each hypothesis's next
             token (see `greedy_search`).
+        no_repeat_ngram_size, repetition_penalty, min_length, max_length,
+            disable_unk, banned_tokens: decoding controls, each hypothesis's
+            own output checked (see `greedy_search`); the scores are
+            log-probabilities of the cut distribution.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
@@ -292,15 +303,31 @@ def beam_search(
         Vaswani et al., 2017, section 6.1; Wu et al., 2016, section 7.
     """
     _check_sizes(beam_size, num_hypotheses)
-    source_ids = ops.convert_to_tensor(source_ids, "int32")
-    prefix = check_prefix(target_prefix)
-    batch_size = ops.shape(source_ids)[0]
-    limits, width, steps, state, sentences, static = prepare_search(
-        model, source_ids, max_output_length, extra_length, use_cache, static_shapes,
-        return_attention,
+    controls = check_controls(
+        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
+        banned_tokens,
     )  # fmt: skip
-    search = {"prefix": prefix, "constraint": constraint, "source_ids": source_ids}
-    search["limits"] = limits
+    options = (max_output_length, extra_length, use_cache, static_shapes, return_attention)
+    search = {"prefix": check_prefix(target_prefix), "constraint": constraint}
+    search["controls"] = controls
+    return _search(model, source_ids, beam_size, alpha, num_hypotheses, early_stop, options, search)
+
+
+def _search(model, source_ids, beam_size, alpha, num_hypotheses, early_stop, options, search):
+    """`beam_search` once its settings are checked.
+
+    Args:
+        options: `(max_output_length, extra_length, use_cache, static_shapes,
+            return_attention)`.
+        search: dict with `prefix`, `constraint` and `controls`, completed
+            here into what `guide` reads.
+    """
+    return_attention, controls = options[-1], search["controls"]
+    source_ids = ops.convert_to_tensor(source_ids, "int32")
+    batch_size = ops.shape(source_ids)[0]
+    limits, width, steps, state, sentences, static = prepare_search(model, source_ids, *options)
+    limits = limit_lengths(limits, controls)
+    search = {**search, "source_ids": source_ids, "limits": limits}
 
     def condition(index, sentences, alive, state, finished, done, outputs):
         return ops.logical_and(index < width, ops.logical_not(ops.all(done)))
@@ -310,8 +337,9 @@ def beam_search(
         # shapes they are all sentences and `done` marks the finished ones.
         alive_tokens, alive_log_probs, alive_ids, *alive_alignments = alive
         log_probs, state = steps.step(
-            ops.reshape(alive_ids, (-1,)), state, index if static else None
-        )  # (n * K, V)
+            ops.reshape(alive_ids, (-1,)), state, index if static else None,
+            normalize=controls is None,
+        )  # fmt: skip  # (n * K, V)
         row_sentences = ops.repeat(sentences, beam_size)  # (n * K,)
         history = ops.reshape(alive_tokens, (-1, width))  # (n * K, T)
         log_probs = guide(model, log_probs, index, row_sentences, history, search)

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_transformer.decoding.controls import check_controls, limit_lengths
 from keras_transformer.decoding.steps import (
     check_prefix,
     gather_rows,
@@ -24,6 +25,12 @@ def greedy_search(
     target_prefix=None,
     return_attention=False,
     constraint=None,
+    no_repeat_ngram_size=0,
+    repetition_penalty=1.0,
+    min_length=0,
+    max_length=None,
+    disable_unk=False,
+    banned_tokens=None,
 ):
     """Decodes by taking the most probable token at every step.
 
@@ -52,6 +59,21 @@ def greedy_search(
             index, source_ids (R, S), limits (R,)) -> log_probs (R, V)` with
             the tokens a row may not produce next made impossible (such as a
             `BracketConstraint`).
+        no_repeat_ngram_size: int, no n-gram of this size occurs twice in
+            an output (0: off).
+        repetition_penalty: float > 0, divides the logits (multiplies the
+            negative ones) of tokens already in the output (1: off).
+        min_length: int, the end token is banned before this many tokens.
+        max_length: int or None, the most tokens a sentence may produce,
+            the end token included, within its own limit above.
+        disable_unk: bool, never produce `model.unk_id`.
+        banned_tokens: ids and id sequences never to produce (a
+            sequence's last id is banned where the output ends with the
+            others), or an int tensor as `banned_sequences` lays them out.
+            These six controls cut the logits before the softmax, so the
+            choices and the returned scores follow the cut distribution
+            (as CTranslate2's do); each may also be a tensor with one value
+            a sentence. See `keras_transformer.decoding.controls`.
 
     Returns:
         int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
@@ -83,9 +105,13 @@ def greedy_search(
             return ops.cast(ids[:, 0], "int32"), values[:, 0]
         return ops.cast(ops.argmax(log_probs, axis=-1), "int32"), ops.max(log_probs, axis=-1)
 
+    controls = check_controls(
+        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
+        banned_tokens,
+    )  # fmt: skip
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(
-        model, source_ids, most_probable, *options, return_attention, constraint
+        model, source_ids, most_probable, *options, return_attention, constraint, controls
     )
     results = (tokens,)
     if return_scores:
@@ -106,6 +132,7 @@ def search_rows(
     prefix,
     return_attention=False,
     constraint=None,
+    controls=None,
 ):
     """One token a row a step, as `choose` picks it: the loop greedy search and sampling share.
 
@@ -118,6 +145,7 @@ def search_rows(
             `target_prefix`).
         return_attention: bool, collect each token's alignment.
         constraint: callable or None, as `greedy_search` takes it.
+        controls: dict or None, from `check_controls`.
 
     Returns:
         `(tokens, totals, lengths, attention)`: int32 `(B, T)`, float32 `(B,)`
@@ -131,10 +159,12 @@ def search_rows(
         model, source_ids, max_output_length, extra_length, use_cache, static_shapes,
         return_attention,
     )  # fmt: skip
+    limits = limit_lengths(limits, controls)
     if not static:
         state = gather_rows(state, rows)  # rows of a traced size, so they may leave
     search = {"prefix": prefix, "constraint": constraint, "source_ids": source_ids}
-    search["limits"] = limits
+    search.update(limits=limits, controls=controls)
+    read_history = constraint is not None or controls is not None
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities
     lengths = ops.zeros((batch_size,), dtype="int32")  # (B,)
@@ -151,8 +181,10 @@ def search_rows(
     def body(index, rows, ids, live, state, tokens, totals, lengths, attention):
         # `rows` (R,) are the sentences of the rows in the batch (under static
         # shapes, all of them); `live` marks those not finished.
-        log_probs, state = steps.step(ids, state, index if static else None)  # (R, V)
-        history = ops.take(tokens, rows, axis=0) if constraint is not None else None  # (R, T)
+        log_probs, state = steps.step(
+            ids, state, index if static else None, normalize=controls is None
+        )  # (R, V)
+        history = ops.take(tokens, rows, axis=0) if read_history else None  # (R, T)
         log_probs = guide(model, log_probs, index, rows, history, search)
         chosen, chosen_log_probs = choose(log_probs, index, rows)
         next_ids = ops.where(live, chosen, model.pad_id)

@@ -5,6 +5,7 @@ import numbers
 import keras
 from keras import ops
 
+from keras_transformer.decoding.controls import check_controls
 from keras_transformer.decoding.greedy import search_rows
 from keras_transformer.decoding.steps import IMPOSSIBLE, check_prefix
 
@@ -139,6 +140,12 @@ def sample(
     target_prefix=None,
     return_attention=False,
     uniforms=None,
+    no_repeat_ngram_size=0,
+    repetition_penalty=1.0,
+    min_length=0,
+    max_length=None,
+    disable_unk=False,
+    banned_tokens=None,
 ):
     """Draws translations token by token from the model's distribution.
 
@@ -170,6 +177,11 @@ def sample(
             with randomness of their own (the SavedModel draws each
             sentence's from that sentence's seed, so its samples do not
             depend on the request it came in).
+        no_repeat_ngram_size, repetition_penalty, min_length, max_length,
+            disable_unk, banned_tokens: decoding controls, each sample's own
+            output checked (see `greedy_search`); they cut the logits before
+            temperature and filtering, and the returned log-probabilities
+            are those of the cut distribution.
 
     Returns:
         `(tokens, log_probs)`: int32 `(B, N, T)` samples, each ending with
@@ -191,6 +203,17 @@ def sample(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
     """
     _check(num_samples, temperature, top_k, top_p)
+    controls = check_controls(
+        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
+        banned_tokens,
+    )  # fmt: skip
+    if controls:  # a sentence's settings for each of its samples' rows
+        controls = {
+            name: value
+            if _is_number(value) or (name == "banned_tokens" and len(value.shape) == 2)
+            else ops.repeat(value, num_samples, axis=0)
+            for name, value in controls.items()
+        }
     source_ids = ops.convert_to_tensor(source_ids, "int32")
     batch_size = ops.shape(source_ids)[0]
     rows = ops.repeat(source_ids, num_samples, axis=0)  # (B * N, S), a sentence's samples adjacent
@@ -217,7 +240,9 @@ def sample(
         return ids, ops.take_along_axis(log_probs, ids[:, None], axis=-1)[:, 0]
 
     options = (max_output_length, extra_length, use_cache, static_shapes, prefix)
-    tokens, totals, _, attention = search_rows(model, rows, draw, *options, return_attention)
+    tokens, totals, _, attention = search_rows(
+        model, rows, draw, *options, return_attention, controls=controls
+    )
     tokens = ops.reshape(tokens, (batch_size, num_samples, -1))  # (B, N, T)
     totals = ops.reshape(totals, (batch_size, num_samples))
     if not return_attention:

@@ -45,8 +45,10 @@ class CachedSteps:
             return self.model.start_decoding(source_ids, cache_length)
         return self.model.start_decoding(source_ids, cache_length, return_attention=True)
 
-    def step(self, token_ids, state, index):
-        return self.model.decoding_step(token_ids, state, index)
+    def step(self, token_ids, state, index, normalize=True):
+        if normalize:  # the interface of models without logits
+            return self.model.decoding_step(token_ids, state, index)
+        return self.model.decoding_step(token_ids, state, index, normalize=False)
 
 
 class RecomputedSteps:
@@ -72,7 +74,7 @@ class RecomputedSteps:
             "target": target,
         }
 
-    def step(self, token_ids, state, index):
+    def step(self, token_ids, state, index, normalize=True):
         source, prefix = state["source"], state["target"]["prefix"]
         if index is None:
             prefix = ops.concatenate([prefix, token_ids[:, None]], axis=1)  # (R, t + 1)
@@ -92,7 +94,8 @@ class RecomputedSteps:
         if alignment:  # the last layer's at this position, averaged over heads
             scores = ops.take(outputs[1][:, -1], position, axis=2)  # (R, H, S)
             target["attention"] = ops.mean(ops.cast(scores, "float32"), axis=1)
-        return ops.log_softmax(logits, axis=-1), {"source": source, "target": target}
+        scores = ops.log_softmax(logits, axis=-1) if normalize else logits
+        return scores, {"source": source, "target": target}
 
 
 def gather_rows(tree, rows):
@@ -245,27 +248,32 @@ def _in_prefix(prefix, index, pad_id):
 def guide(model, log_probs, index, row_sentences, history, search):
     """A step's `(R, V)` log-probabilities restricted as the search asks.
 
-    Padding and start are banned (`ban_special_tokens`); then, on rows past
-    their target prefix, the constraint removes what it does not allow; then
-    rows inside their prefix can only produce it (`force_prefix`), whatever
-    the constraint allows.
+    With decoding controls (`search["controls"]`, see `controls.py`), the
+    step's scores are logits: on rows past their target prefix the controls
+    cut them, and the log-softmax of the cut logits is the distribution the
+    search follows. Then padding and start are banned (`ban_special_tokens`);
+    then, on rows past their target prefix, the constraint removes what it
+    does not allow; then rows inside their prefix can only produce it
+    (`force_prefix`), whatever the constraint allows.
 
     Args:
         model: the model searched (its `pad_id`, `bos_id`).
-        log_probs: float32 `(R, V)`.
+        log_probs: float32 `(R, V)`, logits under controls.
         index: int scalar, the position being decoded.
         row_sentences: int `(R,)` sentence of each row.
         history: int `(R, T)` the rows' tokens so far (read only under a
-            constraint; None without one).
+            constraint or controls; None without them).
         search: dict with `prefix` (int `(B, P)` or None), `constraint`
-            (callable or None, see `greedy_search`), `source_ids` int `(B, S)`
-            and `limits` int `(B,)`.
+            (callable or None, see `greedy_search`), `source_ids` int `(B, S)`,
+            `limits` int `(B,)` and `controls` (dict or None).
 
     Returns:
         float32 `(R, V)`.
     """
-    log_probs = ban_special_tokens(model, log_probs)
     prefix, constraint = search["prefix"], search["constraint"]
+    if search.get("controls"):
+        log_probs = _controlled(model, log_probs, index, row_sentences, history, search)
+    log_probs = ban_special_tokens(model, log_probs)
     if constraint is not None:
         sources = ops.take(search["source_ids"], row_sentences, axis=0)  # (R, S)
         limits = ops.take(search["limits"], row_sentences)  # (R,)
@@ -277,6 +285,20 @@ def guide(model, log_probs, index, row_sentences, history, search):
             free = ops.logical_not(_in_prefix(rows_prefix, index, model.pad_id))
             log_probs = ops.where(free[:, None], constrained, log_probs)
     return force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
+
+
+def _controlled(model, logits, index, row_sentences, history, search):
+    """Log-probabilities `(R, V)` of the logits cut by the controls, past each row's prefix."""
+    from keras_transformer.decoding.controls import apply_controls  # it imports IMPOSSIBLE
+
+    cut = apply_controls(model, logits, history, index, row_sentences, search["controls"])
+    log_probs = ops.log_softmax(cut, axis=-1)
+    prefix = search["prefix"]
+    if not _has_prefix(prefix):
+        return log_probs
+    rows_prefix = ops.take(prefix, row_sentences, axis=0)  # (R, P)
+    free = ops.logical_not(_in_prefix(rows_prefix, index, model.pad_id))
+    return ops.where(free[:, None], log_probs, ops.log_softmax(logits, axis=-1))
 
 
 def check_prefix(target_prefix):

@@ -67,6 +67,8 @@ class Transformer(keras.Model):
         pad_id: int, padding token id.
         bos_id: int, start-of-sequence id that begins decoder inputs.
         eos_id: int, end-of-sequence id that ends decoder outputs.
+        unk_id: int, the unknown token's id (banned by the searches'
+            `disable_unk`).
         sinusoid_layout: str, "interleaved" (the paper's) or "concatenated"
             (Marian's), as in `PositionalEncoding`.
         output_bias: bool, a learned bias added to the tied output logits
@@ -114,6 +116,7 @@ class Transformer(keras.Model):
         pad_id=0,
         bos_id=2,
         eos_id=3,
+        unk_id=1,
         sinusoid_layout="interleaved",
         output_bias=False,
         **kwargs,
@@ -145,6 +148,7 @@ class Transformer(keras.Model):
         self.pad_id = pad_id
         self.bos_id = bos_id
         self.eos_id = eos_id
+        self.unk_id = unk_id
         self.sinusoid_layout = sinusoid_layout
         self.output_bias = output_bias
         self._create_layers()
@@ -355,8 +359,8 @@ class Transformer(keras.Model):
             state["target"]["attention"] = ops.zeros(ops.shape(source_ids), dtype="float32")
         return state
 
-    def decoding_step(self, token_ids, state, index=None):
-        """Log-probabilities of the next token after `token_ids`.
+    def decoding_step(self, token_ids, state, index=None, normalize=True):
+        """Log-probabilities (or logits) of the next token after `token_ids`.
 
         Args:
             token_ids: int `(R,)`, each row's token at the current position
@@ -364,6 +368,8 @@ class Transformer(keras.Model):
             state: from `start_decoding`, with rows taken as the search needs.
             index: int scalar, the current position, for fixed-size caches;
                 None for growing caches (the position is their length).
+            normalize: bool, return log-probabilities; False returns the
+                logits, for searches that change them before the softmax.
 
         Returns:
             `(log_probs, state)`: float32 `(R, V)` and the updated state.
@@ -380,7 +386,8 @@ class Transformer(keras.Model):
             cache_update_index=index,
             return_attention_scores=alignment,
         )  # (R, 1, D), caches[, (R, L, H, 1, S)]
-        log_probs = ops.log_softmax(self._logits(outputs[0])[:, 0], axis=-1)  # (R, V)
+        logits = self._logits(outputs[0])[:, 0]  # (R, V)
+        log_probs = ops.log_softmax(logits, axis=-1) if normalize else logits
         target = {"self_attention_cache": outputs[1]}
         if alignment:  # the last layer's, averaged over heads
             target["attention"] = ops.mean(ops.cast(outputs[2][:, -1, :, 0], "float32"), axis=1)
@@ -418,6 +425,7 @@ class Transformer(keras.Model):
                 "pad_id": self.pad_id,
                 "bos_id": self.bos_id,
                 "eos_id": self.eos_id,
+                "unk_id": self.unk_id,
                 "sinusoid_layout": self.sinusoid_layout,
                 "output_bias": self.output_bias,
             }

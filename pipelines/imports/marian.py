@@ -274,6 +274,7 @@ def import_marian(source, output_dir, force=False, cache_dir=None):
         "eos_id": config["eos_token_id"],
         "pad_id": config["pad_token_id"],
     }
+    arguments["unk_id"] = specials["unk_id"]
     for name, vocabulary in (("vocab.json", source_vocabulary), ("target", target_vocabulary)):
         expected = {"<unk>": specials["unk_id"], "</s>": specials["eos_id"]}
         expected["<pad>"] = specials["pad_id"]

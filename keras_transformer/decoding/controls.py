@@ -1,0 +1,257 @@
+"""Production controls on a search's next-token logits: repetition, length, banned tokens.
+
+Each control is a cut of the logits before the softmax, as CTranslate2 and
+Hugging Face apply them: the repetition penalty rescales the logits of tokens
+already in the output, and the bans make tokens impossible. Beam scores and
+sampling probabilities then follow from the cut distribution (its
+log-softmax), so a banned token has no probability mass to lose.
+
+A row's output, for every control, is the tokens produced so far: a target
+prefix included, the start token not. The rules are CTranslate2's:
+- `repetition_penalty` p: a token already in the output has its logit
+  divided by p when positive, multiplied by p when negative (Keskar et al.,
+  2019), once however often it occurs;
+- `no_repeat_ngram_size` n: where the output's last n - 1 tokens occurred
+  before, the token that followed them then is banned, so no n-gram occurs
+  twice (n = 1 bans every token already produced);
+- `min_length` m: the end token is banned while fewer than m tokens were
+  produced;
+- `max_length` l: the output stops after l tokens, the end token included;
+- `disable_unk`: the model's `unk_id` is banned;
+- `banned_tokens`: a token id is banned everywhere; a sequence of ids has its
+  last one banned where the output ends with the others.
+Rows inside their target prefix are not cut: the prefix is forced whatever
+the controls say.
+
+Each setting is a Python value, the same for every sentence, or a tensor with
+one value a sentence (the SavedModel's per-request settings): int `(B,)` for
+the sizes and lengths, float `(B,)` for the penalty, bool `(B,)` for
+`disable_unk`, and int `(B, N, L)` for banned sequences.
+"""
+
+import numbers
+
+import numpy as np
+from keras import ops
+
+from keras_transformer.decoding.steps import IMPOSSIBLE
+
+# The id that fills banned sequences shorter than the longest: it matches any token.
+ANY_TOKEN = -1
+
+
+def banned_sequences(banned_tokens):
+    """Banned token ids and sequences as one int32 array `(N, L)`, right-aligned.
+
+    Args:
+        banned_tokens: iterable whose items are an int (one token, banned
+            everywhere) or a sequence of ints (its last token banned where
+            the output ends with the others).
+
+    Returns:
+        int32 NumPy `(N, L)`: each sequence at the right end of its row, the
+        row filled on the left with `ANY_TOKEN`.
+    """
+    sequences = [
+        [item] if isinstance(item, numbers.Integral) else list(item) for item in banned_tokens
+    ]
+    for sequence in sequences:
+        if not sequence or any(
+            not isinstance(token, numbers.Integral) or token < 0 for token in sequence
+        ):
+            raise ValueError(
+                "banned_tokens must hold token ids (ints >= 0) or non-empty sequences of them. "
+                f"Received: {sequence}"
+            )
+    width = max((len(sequence) for sequence in sequences), default=1)
+    rows = [[ANY_TOKEN] * (width - len(sequence)) + sequence for sequence in sequences]
+    return np.array(rows, "int32").reshape(len(rows), width)
+
+
+def _is_python(value):
+    return isinstance(value, (numbers.Number, bool)) or value is None
+
+
+def check_controls(
+    no_repeat_ngram_size=0,
+    repetition_penalty=1.0,
+    min_length=0,
+    max_length=None,
+    disable_unk=False,
+    banned_tokens=None,
+):
+    """The controls a search was given, checked, as a dict; None when all are off.
+
+    Python values are checked here (tensors are the caller's to check), and
+    controls left at their defaults are dropped, so a search without them
+    traces exactly as before.
+
+    Args:
+        See the module docstring; `banned_tokens` is an iterable of ids and
+        id sequences, or an int tensor `(N, L)` or `(B, N, L)` as
+        `banned_sequences` lays it out.
+
+    Returns:
+        dict or None.
+    """
+    given = {
+        "no_repeat_ngram_size": no_repeat_ngram_size,
+        "repetition_penalty": repetition_penalty,
+        "min_length": min_length,
+        "max_length": max_length,
+        "disable_unk": disable_unk,
+    }
+    for name in ("no_repeat_ngram_size", "min_length", "max_length"):
+        value = given[name]
+        if _is_python(value) and value is not None and value < 0:
+            raise ValueError(f"{name} must be 0 (off) or positive. Received: {name}={value}")
+    if _is_python(repetition_penalty) and not repetition_penalty > 0:
+        raise ValueError(
+            "repetition_penalty must be positive. "
+            f"Received: repetition_penalty={repetition_penalty}"
+        )
+    if _is_python(max_length) and _is_python(min_length) and max_length and min_length > max_length:
+        raise ValueError(
+            "min_length must not exceed max_length. Received: "
+            f"min_length={min_length}, max_length={max_length}"
+        )
+    off = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "min_length": 0,
+           "max_length": None, "disable_unk": False}  # fmt: skip
+    controls = {
+        name: value
+        for name, value in given.items()
+        if not (_is_python(value) and (value == off[name] or value is None))
+    }
+    if banned_tokens is not None:
+        if isinstance(banned_tokens, (list, tuple)):
+            banned_tokens = banned_sequences(banned_tokens) if banned_tokens else None
+        if banned_tokens is not None:
+            controls["banned_tokens"] = ops.convert_to_tensor(banned_tokens, "int32")
+    return controls or None
+
+
+def limit_lengths(limits, controls):
+    """Each sentence's output limit `(B,)` lowered to its `max_length`, where one is set."""
+    if not controls or "max_length" not in controls:
+        return limits
+    max_length = ops.cast(controls["max_length"], "int32")
+    lowered = ops.minimum(limits, max_length)
+    return ops.where(max_length > 0, lowered, limits)  # 0: no limit of its own
+
+
+def _per_row(value, rows, dtype):
+    """A setting for each row `(R,)`: a Python value broadcast, or a sentence's `(B,)` value."""
+    if _is_python(value):
+        return ops.full(ops.shape(rows), value, dtype=dtype)
+    return ops.take(ops.cast(value, dtype), rows, axis=0)
+
+
+def _token_mask(ids, valid, vocabulary_size):
+    """Bool `(R, V)`: True at every id of `ids` `(R, M)` where `valid` `(R, M)`."""
+    rows, width = ops.shape(ids)[0], ops.shape(ids)[1]
+    row_ids = ops.broadcast_to(ops.arange(rows, dtype="int32")[:, None], (rows, width))
+    safe = ops.clip(ids, 0, vocabulary_size - 1)
+    cells = ops.reshape(ops.stack([row_ids, safe], axis=-1), (-1, 2))  # (R * M, 2)
+    hits = ops.reshape(ops.cast(valid & (ids >= 0) & (ids < vocabulary_size), "float32"), (-1,))
+    return ops.scatter(cells, hits, (rows, vocabulary_size)) > 0
+
+
+def _column(history, position):
+    """Column `position` of `(R, T)` history, -2 (no token) where `position` is negative."""
+    column = ops.take(history, ops.maximum(position, 0), axis=1)
+    return ops.where(position >= 0, column, -2)
+
+
+def _repeated_ngram_ends(history, index, sizes, largest):
+    """Bool `(R, T)`: positions whose token would repeat an n-gram if produced next.
+
+    Position f qualifies where f < index, the n - 1 tokens before f equal the
+    output's last n - 1, and n > 0 (`sizes` `(R,)`). `largest`, the largest
+    n (a Python int, or a scalar tensor for per-sentence sizes), bounds the
+    loop over the tokens compared.
+    """
+    positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
+    match = (positions < index) & (positions >= sizes[:, None] - 1) & (sizes[:, None] > 0)
+
+    def compare(offset, match):
+        earlier = _shifted(history, offset)  # (R, T): the token `offset` before f
+        latest = _column(history, index - offset)[:, None]  # (R, 1)
+        return match & ((earlier == latest) | (offset >= sizes[:, None]))
+
+    return ops.fori_loop(1, largest, compare, match)
+
+
+def _shifted(history, shift):
+    """`history` `(R, T)` moved `shift` right: column t holds column t - shift (-2 before 0)."""
+    width = ops.shape(history)[1]
+    source = ops.arange(width, dtype="int32") - shift  # (T,)
+    moved = ops.take(history, ops.maximum(source, 0), axis=1)
+    return ops.where((source >= 0)[None], moved, -2)
+
+
+def _banned_sequence_ends(history, index, sequences):
+    """Int `(R, N)` ids to ban (-1: none): a sequence's last id where the output ends with the rest.
+
+    Args:
+        history: int `(R, T)`.
+        index: int scalar, the position decoded.
+        sequences: int `(R, N, L)`, right-aligned, `ANY_TOKEN` on the left.
+    """
+    length = ops.shape(sequences)[-1]
+    offsets = ops.arange(length - 1, dtype="int32")  # (L - 1,)
+    positions = index - (length - 1) + offsets
+    recent = ops.take(history, ops.maximum(positions, 0), axis=1)  # (R, L - 1)
+    recent = ops.where((positions >= 0)[None], recent, -2)
+    before = sequences[..., :-1]  # (R, N, L - 1)
+    matches = ops.all((before == ANY_TOKEN) | (before == recent[:, None, :]), axis=-1)  # (R, N)
+    return ops.where(matches, sequences[..., -1], -1)
+
+
+def apply_controls(model, logits, history, index, row_sentences, controls):
+    """A step's logits `(R, V)` cut by the controls (see the module docstring).
+
+    Args:
+        model: the model searched (its `eos_id`, `unk_id`).
+        logits: float32 `(R, V)` next-token logits.
+        history: int `(R, T)` each row's tokens so far (positions from `index`
+            on are not read).
+        index: int scalar, the position decoded.
+        row_sentences: int `(R,)` the sentence of each row (for per-sentence
+            settings).
+        controls: dict from `check_controls`.
+
+    Returns:
+        float32 `(R, V)` logits: penalized, banned tokens `IMPOSSIBLE`.
+    """
+    vocabulary_size = ops.shape(logits)[-1]
+    positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
+    produced = ops.broadcast_to(positions < index, ops.shape(history))  # (R, T)
+    if "repetition_penalty" in controls:
+        penalty = _per_row(controls["repetition_penalty"], row_sentences, "float32")[:, None]
+        seen = _token_mask(history, produced, vocabulary_size)
+        penalized = ops.where(logits < 0, logits * penalty, logits / penalty)
+        logits = ops.where(seen, penalized, logits)
+    banned = ops.zeros(ops.shape(logits), dtype="bool")
+    vocabulary = ops.arange(vocabulary_size, dtype="int32")[None]  # (1, V)
+    if "no_repeat_ngram_size" in controls:
+        size = controls["no_repeat_ngram_size"]
+        sizes = _per_row(size, row_sentences, "int32")
+        largest = size if _is_python(size) else ops.max(sizes)
+        ends = _repeated_ngram_ends(history, index, sizes, largest)
+        banned = banned | _token_mask(history, ends, vocabulary_size)
+    if "min_length" in controls:
+        short = index < _per_row(controls["min_length"], row_sentences, "int32")  # (R,)
+        banned = banned | (short[:, None] & (vocabulary == model.eos_id))
+    if "disable_unk" in controls:
+        disabled = _per_row(controls["disable_unk"], row_sentences, "bool")
+        banned = banned | (disabled[:, None] & (vocabulary == model.unk_id))
+    if "banned_tokens" in controls:
+        sequences = controls["banned_tokens"]
+        if len(sequences.shape) == 2:  # the same for every sentence
+            rows = ops.shape(row_sentences)[0]
+            sequences = ops.broadcast_to(sequences[None], (rows, *ops.shape(sequences)))
+        else:
+            sequences = ops.take(sequences, row_sentences, axis=0)  # (R, N, L)
+        ids = _banned_sequence_ends(history, index, sequences)  # (R, N)
+        banned = banned | _token_mask(ids, ids >= 0, vocabulary_size)
+    return ops.where(banned, IMPOSSIBLE, logits)

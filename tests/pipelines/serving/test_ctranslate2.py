@@ -1,6 +1,7 @@
 """CTranslate2 export: converted weights score and translate as the Keras model does."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from pipelines.data.corpus import read_lines
 from pipelines.data.tokenizer import EOS_ID, load_tokenizer
 from pipelines.serving.ctranslate2 import CTranslate2Translator, convert
 from pipelines.serving.translation import decode, encode
-from tests.pipelines.conftest import tiny_translation_model
+from tests.pipelines.conftest import shared_data, tiny_translation_model
+from tests.test_case import to_numpy
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -133,3 +135,80 @@ def test_export_command_refuses_to_overwrite_and_names_missing_files(trained_run
     missing = ["--run-dir", str(tmp_path / "nothing"), "--output", str(tmp_path / "x")]
     assert ctranslate2_export.main(missing) == 2
     assert "model not found" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def converted_run(trained_run, tmp_path_factory):
+    """The trained run's model, its `<unk>` made likely, and its CTranslate2 conversion.
+
+    `<unk>`'s embedding becomes 1.1 times that of the token the model produces
+    most, so that `<unk>` wins where that token would and `disable_unk` bites.
+
+    Returns:
+        `(model, CTranslate2 folder)`.
+    """
+    import keras
+
+    run = str(trained_run)
+    model = keras.saving.load_model(f"{run}/model.keras")
+    max_length = json.load(open(f"{run}/config.json"))["batching"]["max_length"]
+    tokenizer = load_tokenizer(f"{run}/sentencepiece.model")
+    sources = read_lines(f"{run}/heldout.source")
+    source_ids = encode(tokenizer, tf.constant(sources), EOS_ID, max_length).to_tensor()
+    produced = to_numpy(greedy_search(model, source_ids)).reshape(-1)
+    common = np.bincount(produced[produced > EOS_ID]).argmax()
+    table = model.source_embedding.embeddings
+    table.assign(tf.tensor_scatter_nd_update(table, [[model.unk_id]], [1.1 * table[common]]))
+    path = str(tmp_path_factory.mktemp("ct2-controls") / "ct2")
+    convert(model, f"{run}/sentencepiece.model", path, max_source_length=max_length)
+    return model, path
+
+
+@pytest.mark.parametrize(
+    "controls",
+    [
+        {"no_repeat_ngram_size": 2},
+        {"repetition_penalty": 1.5},
+        {"min_length": 12},
+        {"disable_unk": True},
+        {
+            "no_repeat_ngram_size": 3,
+            "repetition_penalty": 1.2,
+            "min_length": 8,
+            "disable_unk": True,
+        },
+    ],
+    ids=["no-repeat-ngram", "repetition-penalty", "min-length", "disable-unk", "all"],
+)
+def test_greedy_controls_equal_ctranslate2s_token_for_token(converted_run, controls):
+    """On Multi30k's test sentences, out of the model's domain: outputs that repeat themselves."""
+    model, path = converted_run
+    sources = read_lines(os.path.join(shared_data("multi30k"), "test_2016_flickr.en.gz"))
+    translator = CTranslate2Translator(path)
+    pieces = [
+        p[: translator.max_source_length - 1]
+        for p in translator.processor.encode(sources, out_type=str)
+    ]
+    source_ids = tf.ragged.constant(
+        [translator.processor.piece_to_id(p) + [EOS_ID] for p in pieces], dtype=tf.int32
+    ).to_tensor()
+    limit = 40  # well under every sentence's own limit (its length + 50)
+    ours = to_numpy(greedy_search(model, source_ids, max_length=limit, **controls))
+    theirs = translator.translator.translate_batch(
+        pieces,
+        beam_size=1,
+        max_batch_size=64,
+        max_decoding_length=limit,
+        no_repeat_ngram_size=controls.get("no_repeat_ngram_size", 0),
+        repetition_penalty=controls.get("repetition_penalty", 1.0),
+        min_decoding_length=controls.get("min_length", 0),
+        disable_unk=controls.get("disable_unk", False),
+    )
+    plain = to_numpy(greedy_search(model, source_ids, max_length=limit))
+    ours_pieces = [
+        [translator.target_processor.id_to_piece(int(t)) for t in row if t not in (0, EOS_ID)]
+        for row in ours
+    ]
+    same = [a == b.hypotheses[0] for a, b in zip(ours_pieces, theirs, strict=True)]
+    assert np.mean(same) == 1.0, [i for i, s in enumerate(same) if not s][:5]
+    assert np.mean(np.any(ours != plain, axis=1)) > 0.1  # the controls changed outputs

@@ -28,6 +28,12 @@ Signatures (`inputs` is always a string tensor of shape `[None]`):
         `[None, S]` (SentencePiece pieces, "" past each sentence's end).
     sample: also takes `temperature`, `top_k`, `top_p` and `seed`, one a
         sentence (`[None]`): one sample each, `translations` and `scores`.
+    controlled: also takes the decoding controls, one a sentence (`[None]`):
+        `no_repeat_ngram_size` int32, `repetition_penalty` float32,
+        `min_length` int32, `max_length` int32 (0: none of its own),
+        `disable_unk` bool, `banned_words` string (words and phrases, one a
+        line); the export's search; outputs as `serving_default`'s
+        (`pipelines.serving.controls`).
 
 Prefixes and alignments are signatures of their own, not optional inputs or
 outputs of `serving_default`: a signature's inputs are all required, TF
@@ -50,11 +56,12 @@ import shutil
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from pipelines.data.tokenizer import Sides, check_special_ids
+from pipelines.data.tokenizer import Sides, check_special_ids, sides
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE
+from pipelines.serving.controls import CONTROLS, NEUTRAL, control_specs, control_tensors
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
@@ -175,12 +182,13 @@ class Translator(tf.Module):
             )
             return {"scores": scores, "lengths": lengths}
 
-        prefix, align, sample = _guided_signatures(
+        prefix, align, sample, controlled = _guided_signatures(
             translate, model, tokenizers, beam_size, alpha,
             (max_source_length, chunk_size, extra_length),
         )  # fmt: skip
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
         self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
+        self.controlled = controlled
         self.model_variables = _captured_variables(self.signatures().values())
 
     def _add_vocabularies(self, sentencepiece_path):
@@ -207,6 +215,7 @@ class Translator(tf.Module):
             "prefix": self.prefix,
             "align": self.align,
             "sample": self.sample,
+            "controlled": self.controlled,
         }
 
 
@@ -250,7 +259,7 @@ def _captured_variables(functions):
 
 
 def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
-    """The `prefix`, `align` and `sample` signatures (see the module docstring).
+    """The `prefix`, `align`, `sample` and `controlled` signatures (see the module docstring).
 
     Args:
         translate: callable `(sentences, beam_size, alpha, num_hypotheses,
@@ -261,7 +270,7 @@ def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
             `Translator` takes them.
 
     Returns:
-        three `tf.function`s with input signatures.
+        four `tf.function`s with input signatures.
     """
     sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
     prefixes_spec = tf.TensorSpec([None], tf.string, name="prefixes")
@@ -303,7 +312,18 @@ def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
         )  # fmt: skip
         return {"translations": texts, "scores": scores}
 
-    return prefix, align, sample
+    @tf.function(input_signature=[sentences_spec, *control_specs()])
+    def controlled(
+        inputs, no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
+        banned_words,
+    ):  # fmt: skip
+        values = (no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk)
+        controls = dict(zip(CONTROLS, (*values, banned_words), strict=True))
+        tensors = control_tensors(sides(tokenizer)[1], inputs, controls)
+        texts, scores = translate(inputs, beam_size, alpha, 1, controls=tensors)
+        return {"translations": texts[:, 0], "scores": scores[:, 0]}
+
+    return prefix, align, sample, controlled
 
 
 # Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):
@@ -313,6 +333,12 @@ WARMUP_BATCHES = [
     ["Hello.", "A short sentence for the warm-up request.", ""],
     [" ".join(["word"] * length) for length in range(1, 65)],
 ]
+
+
+WARMUP_CONTROLS = {
+    "no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "min_length": 2, "max_length": 60,
+    "disable_unk": True, "banned_words": "word\nshort sentence",
+}  # fmt: skip
 
 
 def warmup_requests(name="model"):
@@ -353,6 +379,13 @@ def warmup_requests(name="model"):
                 "seed": tf.make_tensor_proto(list(range(rows)), tf.int64),
             }
             inputs.append(("sample", {SIGNATURE_INPUT: sentences, **settings}))
+        # Controls off, then each on (greedy or beam is the export's).
+        for value in (NEUTRAL, WARMUP_CONTROLS):
+            controls = {
+                name: tf.make_tensor_proto([setting] * rows, CONTROLS[name][0])
+                for name, setting in value.items()
+            }
+            inputs.append(("controlled", {SIGNATURE_INPUT: sentences, **controls}))
     logs = []
     for signature, tensors in inputs:
         request = predict_pb2.PredictRequest(

@@ -36,6 +36,7 @@ def search(
     return_attention=False,
     extra_length=EXTRA_LENGTH,
     constraint=None,
+    controls=None,
 ):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
@@ -53,6 +54,8 @@ def search(
         extra_length: int, target tokens beyond the source length.
         constraint: callable or None, restricts each next token (see
             `greedy_search`), such as a parser's `BracketConstraint`.
+        controls: dict or None, the searches' decoding controls by name,
+            one value a sentence (`controls.control_tensors`).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
@@ -63,6 +66,7 @@ def search(
         "return_attention": return_attention,
         "extra_length": extra_length,
         "constraint": constraint,
+        **(controls or {}),
     }
 
     def greedy():
@@ -142,6 +146,7 @@ def translate_strings(
     return_alignments=False,
     extra_length=EXTRA_LENGTH,
     constraint=None,
+    controls=None,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -171,6 +176,8 @@ def translate_strings(
             source pieces (EOS included).
         constraint: callable or None, restricts each next token (see
             `greedy_search`).
+        controls: dict or None, decoding controls with one value a sentence,
+            from `controls.control_tensors`.
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
@@ -189,7 +196,7 @@ def translate_strings(
     if prefixes is not None:
         prefix = encode(target_tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
         limits = source.row_lengths() + extra_length
-        _refuse_rows(
+        refuse_rows(
             prefix.row_lengths() > limits,
             "a prefix has more pieces than its sentence's output limit (the source's pieces, "
             f"end of sentence included, plus {extra_length}); rows:",
@@ -206,10 +213,12 @@ def translate_strings(
             target_prefix = tf.gather(prefix, rows).to_tensor(model.pad_id)  # (C, P)
             target_prefix = tf.pad(target_prefix, [[0, 0], [0, 1]], constant_values=model.pad_id)
         options = (use_cache, early_stop, target_prefix, return_alignments, extra_length)
+        rows_controls = controls and {name: tf.gather(v, rows) for name, v in controls.items()}
         # (C, N, T), (C, N)[, (C, N, T, S)]
         results = search(
-            model, source_ids, beam_size, alpha, num_hypotheses, *options, constraint=constraint
-        )
+            model, source_ids, beam_size, alpha, num_hypotheses, *options, constraint=constraint,
+            controls=rows_controls,
+        )  # fmt: skip
         texts = decode(target_tokenizer, results[0], model.eos_id)
         if not return_alignments:
             return texts, results[1]
@@ -265,7 +274,7 @@ def check_rows(inputs, **others):
         )
 
 
-def _refuse_rows(bad, message):
+def refuse_rows(bad, message):
     """Fails the request, naming the rows where `bad` `(B,)` holds, if any does."""
     rows = tf.where(bad)[:, 0]
     tf.debugging.Assert(tf.equal(tf.size(rows), 0), [message, rows], summarize=20)
@@ -344,7 +353,7 @@ def sample_strings(
         ((settings["top_p"] > 0) & (settings["top_p"] <= 1), "top_p must be in (0, 1]"),
     ]
     for valid, message in checks:
-        _refuse_rows(~valid, f"{message}; rows:")
+        refuse_rows(~valid, f"{message}; rows:")
     source_tokenizer, target_tokenizer = sides(tokenizer)
     source = encode(source_tokenizer, sentences, model.eos_id, max_source_length)  # (B, None)
 

@@ -92,6 +92,17 @@ def main(export_dir, inputs_path):
     reversed_samples, _ = sample(inputs[::-1], [0] * rows, list(range(rows))[::-1], 2.0)
     other_seeds, _ = sample(inputs, [0] * rows, list(range(100, 100 + rows)), temperature=2.0)
 
+    # Decoding controls, all off: serving_default's translations.
+    neutral = {
+        "no_repeat_ngram_size": tf.zeros([rows], tf.int32),
+        "repetition_penalty": tf.ones([rows]),
+        "min_length": tf.zeros([rows], tf.int32),
+        "max_length": tf.zeros([rows], tf.int32),
+        "disable_unk": tf.zeros([rows], tf.bool),
+        "banned_words": tf.fill([rows], ""),
+    }
+    controlled = loaded.signatures["controlled"](inputs=tf.constant(inputs, tf.string), **neutral)
+
     # Eight threads call the signature at once, each on its own slice of inputs.
     batches = [inputs[i:] + inputs[:i] for i in range(8)]
     sequential = [call(batch)[0] for batch in batches]
@@ -132,6 +143,7 @@ def main(export_dir, inputs_path):
             "sampled_scores": sampled["scores"].numpy().tolist(),
             "sampled_reversed": reversed_samples[::-1],
             "sampled_other_seeds": other_seeds,
+            "controlled_neutral": [t.decode("utf-8") for t in controlled["translations"].numpy()],
             "asset": loaded.sentencepiece_model.asset_path.numpy().decode(),
             "modules": sorted(
                 name

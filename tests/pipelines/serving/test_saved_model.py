@@ -14,6 +14,7 @@ from keras_transformer import beam_search, greedy_search, score_hypotheses
 from pipelines.commands import export as export_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
+from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors
 from pipelines.serving.saved_model import Translator, export
 from pipelines.serving.translation import decode, encode
 from pipelines.serving.versions import next_version
@@ -83,6 +84,7 @@ def test_fresh_process_serves_the_keras_beam_search(exported, served):
     assert served["modules"] == []
     assert served["signatures"] == [
         "align",
+        "controlled",
         "nbest",
         "prefix",
         "sample",
@@ -152,7 +154,7 @@ def test_the_score_signature_scores_as_beam_search_and_score_hypotheses_do(expor
 def test_every_signature_but_translate_is_batch_major(exported):
     """What TF Serving's batcher can merge: every input and output has a leading batch axis."""
     loaded = tf.saved_model.load(exported[3])
-    assert len(loaded.signatures) == 7
+    assert len(loaded.signatures) == 8
     for name, signature in loaded.signatures.items():
         inputs = signature.structured_input_signature[1].values()
         outputs = signature.structured_outputs.values()
@@ -254,6 +256,85 @@ def test_sample_signature_refuses_bad_settings_naming_the_row(exported, setting,
     tensors = {key: tf.constant(v, dtypes[key]) for key, v in settings.items()}
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}(.|\\n)*\\[1\\]"):
         signature(inputs=tf.constant(["4:08 PM", "12.5%"]), **tensors)
+
+
+# One sentence's controls a row: off; a bigram ban, penalty, max length and banned words;
+# a minimum length, unigram ban and <unk>; an impossible banned phrase.
+CONTROLLED = {
+    "no_repeat_ngram_size": ([0, 2, 1, 0], tf.int32),
+    "repetition_penalty": ([1.0, 1.5, 1.0, 0.8], tf.float32),
+    "min_length": ([0, 0, 6, 0], tf.int32),
+    "max_length": ([0, 9, 0, 0], tf.int32),
+    "disable_unk": ([False, False, True, False], tf.bool),
+    "banned_words": (["", "March\n4:08 PM", "", "no such phrase"], tf.string),
+}
+CONTROLLED_INPUTS = [b"Monday, March 3, 2014", b"4:08 PM", LONG.encode(), b"12.5%"]
+
+
+def test_controlled_signature_is_keras_beam_search_with_each_sentences_controls(exported, served):
+    translator, model, _, _ = exported
+    controls = {name: tf.constant(values, dtype) for name, (values, dtype) in CONTROLLED.items()}
+    outputs = translator.signatures()["controlled"](
+        inputs=tf.constant(CONTROLLED_INPUTS), **controls
+    )
+
+    @tf.function
+    def keras_search(sentences):
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
+        settings = control_tensors(translator.tokenizer, sentences, controls)
+        tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, **settings)
+        return decode(translator.tokenizer, tokens[:, 0], EOS_ID), scores[:, 0], tokens[:, 0]
+
+    texts, scores, tokens = keras_search(tf.constant(CONTROLLED_INPUTS))
+    assert outputs["translations"].numpy().tolist() == texts.numpy().tolist()
+    np.testing.assert_allclose(outputs["scores"].numpy(), scores.numpy(), rtol=1e-4)
+    plain = translator.signatures()["serving_default"](inputs=tf.constant(CONTROLLED_INPUTS))
+    changed = outputs["translations"].numpy() != plain["translations"].numpy()
+    assert list(changed) == [False, True, True, True]  # neutral controls change nothing
+    lengths = np.sum((tokens.numpy() != 0) & (tokens.numpy() != EOS_ID), axis=1)
+    assert lengths[1] <= 9 and lengths[2] >= 6
+    assert b"March" not in outputs["translations"].numpy()[1]
+    assert served["controlled_neutral"] == served["translations"]  # in a fresh process too
+
+
+def test_banned_words_become_right_aligned_pieces(exported):
+    tokenizer = exported[0].tokenizer
+    ids = control_tensors(
+        tokenizer,
+        tf.constant(["a", "b", "c"]),
+        {**{name: [value] * 3 for name, value in NEUTRAL.items()},
+         "banned_words": ["March\n4:08 PM", "", " \n12.5%"]},
+    )["banned_tokens"].numpy()  # fmt: skip
+    expected = [tokenizer.tokenize(text).numpy().tolist() for text in ("March", "4:08 PM", "12.5%")]
+    width = max(len(pieces) for pieces in expected) + 1
+    rows = [
+        [[-1] * (width - len(p)) + p for p in expected[:2]],
+        [],
+        [[-1] * (width - len(expected[2])) + expected[2]],
+    ]
+    assert ids.shape == (3, 2, width)
+    for row, phrases in zip(ids.tolist(), rows, strict=True):
+        assert row[: len(phrases)] == phrases and all(set(p) == {-1} for p in row[len(phrases) :])
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("no_repeat_ngram_size", -1, "no_repeat_ngram_size must be 0"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be positive"),
+        ("min_length", 10, "min_length must not exceed max_length"),
+        ("max_length", -2, "max_length must be 0"),
+    ],
+)
+def test_controlled_signature_refuses_bad_settings_naming_the_row(
+    exported, setting, value, message
+):
+    settings = {name: [value, value] for name, value in NEUTRAL.items()}
+    settings["max_length"] = [0, 5]
+    settings[setting] = [settings[setting][0], value]
+    tensors = {name: tf.constant(v, CONTROLS[name][0]) for name, v in settings.items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}(.|\\n)*\\[1\\]"):
+        exported[0].signatures()["controlled"](inputs=tf.constant(["4:08 PM", "12.5%"]), **tensors)
 
 
 def test_prefix_signature_refuses_a_prefix_longer_than_the_output_limit(exported):
@@ -426,7 +507,7 @@ def test_the_export_carries_warm_up_requests_for_every_signature(exported):
     signatures = tf.saved_model.load(path).signatures
     names = [log.predict_log.request.model_spec.signature_name for log in logs]
     assert sorted(set(names)) == sorted(signatures) and names.count("translate") == 4
-    assert names.count("sample") == 4
+    assert names.count("sample") == 4 and names.count("controlled") == 4
     for log in logs:
         request = log.predict_log.request
         signature = signatures[request.model_spec.signature_name]

@@ -1,0 +1,91 @@
+"""Decoding controls in the graph: per-sentence settings, checked, and banned words tokenized.
+
+The SavedModel's `controlled` signature takes one value of each control a
+sentence (batch-major, so TF Serving's batcher can merge requests), with
+neutral values for a control that is not wanted (`NEUTRAL`). Banned words
+come as text: one string a sentence holding its words and phrases, one a
+line ("" for none); each is tokenized alone in the graph with the target
+vocabulary, and the searches ban its last piece where the translation ends
+with the others (a word as it appears after a space, so also at the start of
+a sentence).
+"""
+
+import tensorflow as tf
+
+from pipelines.serving.translation import check_rows, refuse_rows
+
+# Each control's input: dtype, and the value that turns it off.
+CONTROLS = {
+    "no_repeat_ngram_size": (tf.int32, 0),
+    "repetition_penalty": (tf.float32, 1.0),
+    "min_length": (tf.int32, 0),
+    "max_length": (tf.int32, 0),
+    "disable_unk": (tf.bool, False),
+    "banned_words": (tf.string, ""),
+}
+NEUTRAL = {name: neutral for name, (_, neutral) in CONTROLS.items()}
+
+
+def control_specs():
+    """The `tf.TensorSpec`s `[None]` of the controls, in `CONTROLS` order."""
+    return [tf.TensorSpec([None], dtype, name=name) for name, (dtype, _) in CONTROLS.items()]
+
+
+def banned_word_ids(tokenizer, banned_words):
+    """Each sentence's banned words as right-aligned piece ids, as the searches take them.
+
+    Args:
+        tokenizer: the tensorflow-text target tokenizer.
+        banned_words: string `(B,)`, words and phrases one a line.
+
+    Returns:
+        int32 `(B, N, L)`: each phrase's pieces at the right end of its row,
+        -1 (any token) on the left; rows of -1 where a sentence has fewer
+        phrases.
+    """
+    phrases = tf.strings.split(banned_words, "\n")  # ragged (B, N)
+    phrases = tf.ragged.boolean_mask(phrases, tf.strings.length(tf.strings.strip(phrases)) > 0)
+    pieces = tf.cast(tokenizer.tokenize(phrases.values), tf.int32)  # ragged (P, L), every phrase
+    dense = pieces.to_tensor(-1)  # (P, L), left-aligned
+    width = tf.shape(dense)[1]
+    shift = width - tf.cast(pieces.row_lengths(), tf.int32)  # (P,)
+    origin = tf.range(width)[None] - shift[:, None]  # (P, L): the column each position reads
+    aligned = tf.where(
+        origin >= 0, tf.gather(dense, tf.maximum(origin, 0), batch_dims=1), -1
+    )  # (P, L), right-aligned
+    # One "any" column on the left keeps L >= 1 and changes no rule.
+    aligned = tf.pad(aligned, [[0, 0], [1, 0]], constant_values=-1)
+    per_sentence = tf.RaggedTensor.from_row_splits(aligned, phrases.row_splits)  # (B, None, L + 1)
+    return per_sentence.to_tensor(-1)
+
+
+def control_tensors(tokenizer, sentences, controls):
+    """The controls of a request, checked row by row, as the searches take them.
+
+    Args:
+        tokenizer: the tensorflow-text target tokenizer.
+        sentences: string `(B,)`.
+        controls: dict of `CONTROLS`' names to `(B,)` values.
+
+    Returns:
+        dict: the five settings as `(B,)` tensors and `banned_tokens` int32
+        `(B, N, L)` (see `banned_word_ids`).
+    """
+    tensors = {
+        name: tf.convert_to_tensor(controls[name], dtype) for name, (dtype, _) in CONTROLS.items()
+    }
+    check_rows(sentences, **tensors)
+    checks = [
+        (tensors["no_repeat_ngram_size"] >= 0, "no_repeat_ngram_size must be 0 (off) or positive"),
+        (tensors["repetition_penalty"] > 0, "repetition_penalty must be positive"),
+        (tensors["min_length"] >= 0, "min_length must be 0 (off) or positive"),
+        (tensors["max_length"] >= 0, "max_length must be 0 (off) or positive"),
+        (
+            (tensors["max_length"] == 0) | (tensors["min_length"] <= tensors["max_length"]),
+            "min_length must not exceed max_length",
+        ),
+    ]
+    for valid, message in checks:
+        refuse_rows(~valid, f"{message}; rows:")
+    tensors["banned_tokens"] = banned_word_ids(tokenizer, tensors.pop("banned_words"))
+    return tensors

@@ -20,6 +20,13 @@ source word `i` and a translation word `j` that attends to it most (words
 are whitespace-separated, counted from 0; fast_align's format) (`align`).
 Prefixes and alignments use the export's beam size and length penalty.
 
+Decoding controls: `--no-repeat-ngram-size N`, `--repetition-penalty P`,
+`--min-length N`, `--max-length N` (pieces, the end included), `--disable-unk`
+and `--banned-words FILE` (one word or phrase a line, never produced) cut each
+step's distribution (`controlled`), with the export's beam size and length
+penalty; they do not combine with `--beam-size`, `--alpha`, prefixes,
+alignments or sampling.
+
 Sampling (back-translation): any of `--sampling-topk`, `--sampling-topp`,
 `--sampling-temperature` or `--num-samples` draws translations from the
 model's distribution instead of searching (`sample`); `--num-samples N`
@@ -52,6 +59,14 @@ from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file, prepare_output_file
 
 SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
+CONTROL_FLAGS = (
+    "no_repeat_ngram_size", "repetition_penalty", "min_length", "max_length", "disable_unk",
+    "banned_words",
+)  # fmt: skip
+
+
+def _flag(name):
+    return f"--{name.replace('_', '-')}"
 
 
 def _progress(total):
@@ -86,10 +101,16 @@ def _check_settings(args):
         )
     if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
         raise ConfigError(f"--sampling-topp must be in (0, 1]. Received: {args.sampling_topp}")
-    searched = [f"--{name.replace('_', '-')}" for name in ("beam_size", "alpha") if name in given]
-    guided = [
-        f"--{name.replace('_', '-')}" for name in ("prefix_file", "alignments") if name in given
-    ]
+    searched = [_flag(name) for name in ("beam_size", "alpha") if name in given]
+    guided = [_flag(name) for name in ("prefix_file", "alignments") if name in given]
+    controlled = [_flag(name) for name in CONTROL_FLAGS if name in given]
+    _check_controls(args)
+    if controlled and (sampling or searched + guided):
+        other = (searched + guided or ["--sampling-*"])[0]
+        raise ConfigError(
+            f"{controlled[0]} does not apply with {other}: decoding controls search with the "
+            "export's beam size and length penalty (kt export --beam-size, --alpha)"
+        )
     if sampling and searched + guided:
         raise ConfigError(
             f"{(searched + guided)[0]} does not apply to sampling (--sampling-*, --num-samples)"
@@ -104,6 +125,36 @@ def _check_settings(args):
             "beam size and length penalty (kt export --beam-size, --alpha)"
         )
     return sampling
+
+
+def _check_controls(args):
+    """Refuses decoding controls out of range (`--min-length` above `--max-length` too)."""
+    for flag, value in (("--no-repeat-ngram-size", args.no_repeat_ngram_size),
+                        ("--min-length", args.min_length)):  # fmt: skip
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} must be 0 (off) or positive. Received: {value}")
+    if args.max_length is not None and args.max_length < 1:
+        raise ConfigError(f"--max-length must be positive. Received: {args.max_length}")
+    if args.repetition_penalty is not None and not args.repetition_penalty > 0:
+        raise ConfigError(
+            f"--repetition-penalty must be positive. Received: {args.repetition_penalty}"
+        )
+    if args.min_length and args.max_length and args.min_length > args.max_length:
+        raise ConfigError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
+
+
+def _banned_words(path):
+    """`--banned-words FILE`'s words and phrases, one a line, joined by newlines."""
+    with open(path, "rb") as handle:
+        lines = handle.read().splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"--banned-words {path}, line {number}: not UTF-8 ({error.reason})"
+            ) from None
+    return "\n".join(line.decode("utf-8").strip() for line in lines if line.strip())
 
 
 def _check_prefixes(args, version, lines, prefixes, source_name, settings):
@@ -148,9 +199,12 @@ def _keep_export_settings(args, exported):
 
 def _translate(args):
     sampling = _check_settings(args)
-    for flag, path in (("--input", args.input), ("--prefix-file", args.prefix_file)):
+    inputs = (("--input", args.input), ("--prefix-file", args.prefix_file),
+              ("--banned-words", args.banned_words))  # fmt: skip
+    for flag, path in inputs:
         if path:
             check_input_file(path, flag)
+    banned = _banned_words(args.banned_words) if args.banned_words else ""
     for flag, path in (("--output", args.output), ("--alignments", args.alignments)):
         if path:
             prepare_output_file(path, flag)
@@ -164,6 +218,8 @@ def _translate(args):
 
     if sampling:
         name = "sample"
+    elif any(getattr(args, flag) is not None for flag in CONTROL_FLAGS):
+        name = "controlled"
     elif args.alignments:
         name = "align"
     elif args.prefix_file:
@@ -200,7 +256,8 @@ def _translate(args):
                 "model": export_identity(version),
                 "signature": name,
                 **{key: getattr(args, key) for key in ("beam_size", "alpha", "seed")},
-                **{key: getattr(args, key) for key in SAMPLING_FLAGS},
+                **{key: getattr(args, key) for key in SAMPLING_FLAGS + CONTROL_FLAGS},
+                "banned_words_sha256": hashlib.sha256(banned.encode()).hexdigest(),
             }
             partials = [(f"{path}.partial", per) for path, per in
                         ((args.output, samples), (args.alignments, 1)) if path]  # fmt: skip
@@ -212,7 +269,7 @@ def _translate(args):
             files = [stack.enter_context(open(path, "a", encoding="utf-8")) for path, _ in partials]
             out = files.pop(0) if args.output else sys.stdout
             alignments = files.pop(0) if args.alignments else None
-        batches = _batches(args, name, signature, lines, prefixes, done, samples)
+        batches = _batches(args, name, signature, lines, prefixes, done, samples, banned)
         show = _progress(len(lines)) if len(lines) > args.batch_size else None
         for end, texts, aligned in batches:
             write_lines(out, texts)
@@ -227,7 +284,22 @@ def _translate(args):
         os.remove(f"{partials[0][0]}.json")
 
 
-def _batches(args, name, signature, lines, prefixes, done, samples):
+def _control_rows(args, count, banned):
+    """The `controlled` signature's inputs for `count` sentences: the flags, or neutral values."""
+    import tensorflow as tf
+
+    values = {
+        "no_repeat_ngram_size": (args.no_repeat_ngram_size or 0, tf.int32),
+        "repetition_penalty": (args.repetition_penalty or 1.0, tf.float32),
+        "min_length": (args.min_length or 0, tf.int32),
+        "max_length": (args.max_length or 0, tf.int32),
+        "disable_unk": (bool(args.disable_unk), tf.bool),
+        "banned_words": (banned, tf.string),
+    }
+    return {name: ([value] * count, dtype) for name, (value, dtype) in values.items()}
+
+
+def _batches(args, name, signature, lines, prefixes, done, samples, banned=""):
     """Yields `(lines done, output lines, alignment lines)` for each batch after `done`."""
     import numpy as np
     import tensorflow as tf
@@ -246,6 +318,8 @@ def _batches(args, name, signature, lines, prefixes, done, samples):
             }
         if name in ("prefix", "align"):
             rows["prefixes"] = (prefixes[start:end], tf.string)
+        if name == "controlled":
+            rows = _control_rows(args, len(batch), banned)
         if name == "sample":
             count = len(batch) * samples
             batch = [line for line in batch for _ in range(samples)]
@@ -298,6 +372,17 @@ def main(argv=None, prog="kt translate"):
     parser.add_argument("--sampling-temperature", type=float, help="divides log-probabilities")
     parser.add_argument("--num-samples", type=int, help="samples per input line (lines out)")
     parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
+    controls = parser.add_argument_group("decoding controls (the export's search; `controlled`)")
+    controls.add_argument("--no-repeat-ngram-size", type=int, help="no n-gram of this size twice")
+    controls.add_argument(
+        "--repetition-penalty", type=float, help="penalize tokens already produced (> 1)"
+    )
+    controls.add_argument("--min-length", type=int, help="the fewest pieces before the end")
+    controls.add_argument("--max-length", type=int, help="the most pieces, the end included")
+    controls.add_argument(
+        "--disable-unk", action="store_const", const=True, help="never produce <unk>"
+    )
+    controls.add_argument("--banned-words", help="a file of words and phrases never to produce")
     return run(_translate, parser.parse_args(argv))
 
 

@@ -364,6 +364,19 @@ def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch
         (["--alpha", "0.2", "--alignments", "a.txt"],
          "--alpha does not apply with --alignments, which searches with the export's beam size "
          "and length penalty (kt export --beam-size, --alpha)"),
+        (["--no-repeat-ngram-size", "-1"],
+         "--no-repeat-ngram-size must be 0 (off) or positive. Received: -1"),
+        (["--repetition-penalty", "0"], "--repetition-penalty must be positive. Received: 0.0"),
+        (["--repetition-penalty", "-1.5"], "--repetition-penalty must be positive. Received: -1.5"),
+        (["--min-length", "-2"], "--min-length must be 0 (off) or positive. Received: -2"),
+        (["--max-length", "0"], "--max-length must be positive. Received: 0"),
+        (["--min-length", "9", "--max-length", "4"], "--min-length 9 is above --max-length 4"),
+        (["--disable-unk", "--beam-size", "2"],
+         "--disable-unk does not apply with --beam-size: decoding controls search with the "
+         "export's beam size and length penalty (kt export --beam-size, --alpha)"),
+        (["--min-length", "3", "--num-samples", "2"],
+         "--min-length does not apply with --sampling-*: decoding controls search with the "
+         "export's beam size and length penalty (kt export --beam-size, --alpha)"),
     ],
 )  # fmt: skip
 def test_translate_refuses_bad_or_clashing_decoding_settings(tmp_path, capsys, flags, message):

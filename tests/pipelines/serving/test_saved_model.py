@@ -12,6 +12,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import beam_search, greedy_search, score_hypotheses
 from pipelines.commands import export as export_command
+from pipelines.commands import translate as translate_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors
@@ -335,6 +336,29 @@ def test_controlled_signature_refuses_bad_settings_naming_the_row(
     tensors = {name: tf.constant(v, CONTROLS[name][0]) for name, v in settings.items()}
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}(.|\\n)*\\[1\\]"):
         exported[0].signatures()["controlled"](inputs=tf.constant(["4:08 PM", "12.5%"]), **tensors)
+
+
+def test_translate_command_controls_are_the_controlled_signatures(exported, tmp_path, capsys):
+    translator, _, _, path = exported
+    inputs = ["Monday, March 3, 2014", "4:08 PM", "", "12.5%", LONG]
+    write_lines(tmp_path / "in.en", [line.encode() for line in inputs])
+    (tmp_path / "banned.txt").write_text("March\n\n  4:08 PM  \n", encoding="utf-8")
+    flags = ["--no-repeat-ngram-size", "2", "--repetition-penalty", "1.3", "--min-length", "2",
+             "--max-length", "20", "--disable-unk",
+             "--banned-words", str(tmp_path / "banned.txt")]  # fmt: skip
+    argv = ["--model", path, "--input", str(tmp_path / "in.en"), "--batch-size", "2", *flags]
+    assert translate_command.main(argv) == 0
+    written = capsys.readouterr().out.splitlines()
+    rows = len(inputs)
+    controls = {
+        "no_repeat_ngram_size": tf.fill([rows], 2), "repetition_penalty": tf.fill([rows], 1.3),
+        "min_length": tf.fill([rows], 2), "max_length": tf.fill([rows], 20),
+        "disable_unk": tf.fill([rows], True), "banned_words": tf.fill([rows], "March\n4:08 PM"),
+    }  # fmt: skip
+    expected = translator.signatures()["controlled"](inputs=tf.constant(inputs), **controls)
+    assert written == [t.decode("utf-8") for t in expected["translations"].numpy()]
+    plain = translator.signatures()["serving_default"](inputs=tf.constant(inputs))
+    assert written != [t.decode("utf-8") for t in plain["translations"].numpy()]
 
 
 def test_prefix_signature_refuses_a_prefix_longer_than_the_output_limit(exported):

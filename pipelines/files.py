@@ -14,7 +14,7 @@ import shutil
 import socket
 import tempfile
 
-from pipelines.errors import DataError
+from pipelines.errors import ConfigError, DataError
 
 # Temporary files and folders start with this, then `staging_owner()`.
 STAGING = ".staging-"
@@ -179,3 +179,45 @@ def _running(pid):
     except PermissionError:  # another user's process
         return True
     return True
+
+
+@contextlib.contextmanager
+def output_lock(path, flag):
+    """Holds `PATH.lock` while a command writes `path`; refuses a second writer at once.
+
+    The lock is the kernel's (`flock`), so a killed run leaves none behind;
+    the file holds the writer's process id for the message.
+
+    Raises:
+        ConfigError: another process holds the lock, named by its id.
+    """
+    import fcntl
+
+    lock_path = f"{path}.lock"
+    while True:
+        handle = open(lock_path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise ConfigError(
+                f"{flag} {path} is being written by another run (process {owner}); "
+                f"wait for it to finish, or choose another {flag}"
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(handle.fileno()), os.stat(lock_path))
+        except FileNotFoundError:
+            same = False
+        if same:  # not a lock file its last holder removed meanwhile
+            break
+        handle.close()
+    try:
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        os.remove(lock_path)  # while still holding it, so no one locks the removed file
+        handle.close()

@@ -33,12 +33,18 @@ model's distribution instead of searching (`sample`); `--num-samples N`
 writes N lines per input line. The samples depend only on `--seed`, the
 line and its number: a run is reproducible, and resumes exactly.
 
+Input lines that are not valid UTF-8 are translated with their invalid bytes
+replaced by U+FFFD (as the SavedModel does), and a warning on stderr names
+them by line number.
+
 With `--output`, finished lines go to `OUTPUT.partial` first (`ALIGNMENTS.partial`
 beside it) and the files take their names only when complete. A run that is
 killed can be restarted with the same arguments: it keeps the lines already
 written and continues after them (when the input, model and settings are the
 same; else it starts over). Without `--output` (translations to stdout), a rerun
-translates everything again, `--alignments` included.
+translates everything again, `--alignments` included. A second run started
+onto the same `--output` (or `--alignments`) while one writes it is refused,
+naming the first run's process id (`OUTPUT.lock`).
 """
 
 import contextlib
@@ -56,7 +62,7 @@ from pipelines.commands.resumable import (
     write_lines,
 )
 from pipelines.errors import ConfigError, DataError
-from pipelines.files import check_input_file, prepare_output_file
+from pipelines.files import check_input_file, output_lock, prepare_output_file
 
 SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
 CONTROL_FLAGS = (
@@ -205,15 +211,40 @@ def _translate(args):
         if path:
             check_input_file(path, flag)
     banned = _banned_words(args.banned_words) if args.banned_words else ""
-    for flag, path in (("--output", args.output), ("--alignments", args.alignments)):
-        if path:
-            prepare_output_file(path, flag)
+    outputs = [(flag, path) for flag, path in (("--output", args.output),
+               ("--alignments", args.alignments)) if path]  # fmt: skip
+    for flag, path in outputs:
+        prepare_output_file(path, flag)
     if (
         args.alignments
         and args.output
         and os.path.abspath(args.alignments) == os.path.abspath(args.output)
     ):
         raise ConfigError(f"--alignments and --output are the same file: {args.output}")
+    with contextlib.ExitStack() as locks:  # one run writes a file at a time
+        for flag, path in outputs:
+            locks.enter_context(output_lock(path, flag))
+        _translate_files(args, sampling, banned)
+
+
+def _warn_invalid_utf8(lines, name):
+    """Warns, on stderr, of input lines that are not UTF-8 (translated with U+FFFD)."""
+    bad = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(number)
+    if bad:
+        shown = ", ".join(str(number) for number in bad[:10]) + (", ..." if len(bad) > 10 else "")
+        print(
+            f"warning: {name}: {len(bad)} lines are not valid UTF-8 (lines {shown}); their "
+            "invalid bytes are translated as U+FFFD",
+            file=sys.stderr,
+        )
+
+
+def _translate_files(args, sampling, banned):
     from pipelines.serving import client  # imports TensorFlow
 
     if sampling:
@@ -233,6 +264,7 @@ def _translate(args):
     with source:
         data = source.read()
     lines = read_input_lines(data)
+    _warn_invalid_utf8(lines, f"--input {args.input}" if args.input else "stdin")
     prefixes, prefix_data = None, b""
     if args.prefix_file:
         with open(args.prefix_file, "rb") as handle:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipelines import cli
-from pipelines.files import STAGING, remove_stale_staging
+from pipelines.files import STAGING, output_lock, remove_stale_staging
 from pipelines.serving import client
 from pipelines.training import checkpoints, run
 
@@ -226,7 +226,7 @@ def fake_translator(monkeypatch, calls, die_after=None):
         if die_after is not None and len(calls) == die_after:
             raise Killed
         calls.append(len(lines))
-        texts = [line.decode().upper() for line in lines]
+        texts = [line.decode(errors="replace").upper() for line in lines]
         if rows and "seed" in rows:
             texts = [f"{text} {seed}" for text, seed in zip(texts, rows["seed"][0], strict=True)]
         outputs = {"translations": [text.encode() for text in texts]}
@@ -393,3 +393,35 @@ def test_a_truncated_newest_version_is_named_with_an_older_one(files, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: the SavedModel {models}/2 is broken: "), err
     assert err[0].endswith(f"an older version: --model {models}/1")
+
+
+def test_a_second_translation_onto_the_same_output_is_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "in.en").write_text("a\nb\n")
+    output = tmp_path / "out.de"
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en"),
+            "--output", str(output)]  # fmt: skip
+    calls = []
+    fake_translator(monkeypatch, calls)
+    with output_lock(str(output), "--output"):  # a first run, still writing
+        assert cli.main(argv) == 2
+        assert calls == [] and not output.exists()  # refused before any work
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: --output {output} is being written by another run (process {os.getpid()}); "
+            "wait for it to finish, or choose another --output"
+        )
+    assert cli.main(argv) == 0 and output.read_text() == "A\nB\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.en", "out.de", "saved_model.pb"]  # no lock left
+
+
+def test_translation_warns_of_lines_that_are_not_utf8(tmp_path, monkeypatch, capsys):
+    (tmp_path / "in.en").write_bytes(b"good\ncaf\xc3\nfine\n\xff\xfe\n")
+    fake_translator(monkeypatch, [])
+    argv = ["translate", "--model", str(tmp_path), "--input", str(tmp_path / "in.en")]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 4
+    assert (
+        f"warning: --input {tmp_path / 'in.en'}: 2 lines are not valid UTF-8 (lines 2, 4); "
+        "their invalid bytes are translated as U+FFFD"
+    ) in captured.err

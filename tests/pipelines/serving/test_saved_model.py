@@ -429,6 +429,39 @@ def test_graph_uses_only_ops_tf_serving_2_20_registers(exported):
     assert not {op for op in ops if op.startswith("Xla")}
 
 
+def test_the_space_estimate_bounds_the_export_from_above(exported):
+    translator, _, _, path = exported
+    size = sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(path)
+        for name in names
+    )
+    assert size <= translator.estimated_bytes() <= 3 * size
+
+
+def test_a_full_disk_is_one_error_naming_the_folder_and_the_space(exported, tmp_path, monkeypatch):
+    translator = exported[0]
+    base = str(tmp_path / "models" / "full")
+    import pipelines.serving.saved_model as saved_model
+
+    def full(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    monkeypatch.setattr(saved_model.tf.saved_model, "save", full)  # fills up while writing
+    with pytest.raises(ExportError, match=f"^{base}: the disk filled up: the export needs about"):
+        export(translator, base)
+    assert os.listdir(base) == []  # no version, no staging
+    usage = saved_model.shutil.disk_usage(str(tmp_path))
+    small = usage._replace(free=translator.estimated_bytes() - 1)
+    monkeypatch.setattr(saved_model.shutil, "disk_usage", lambda path: small)
+    needed = translator.estimated_bytes() / 2**20
+    with pytest.raises(
+        ExportError, match=f"not enough space: the export needs about {needed:.0f} MiB"
+    ):
+        export(translator, str(tmp_path / "models" / "small"))
+    assert not os.path.exists(tmp_path / "models" / "small")  # refused before writing
+
+
 def test_versions_count_up_and_are_never_overwritten(exported, tmp_path):
     translator = exported[0]
     base = str(tmp_path / "model")

@@ -15,6 +15,7 @@ from benchmarks import (
     cpu_training_step,
     decoding,
     decoding_concurrency,
+    decoding_controls,
     decoding_ops,
     decoding_profile,
     gpu_recipe_study,
@@ -116,6 +117,20 @@ def test_decoding_smoke(tiny_run, tmp_path):
     ratios = result["ratios"]
     assert ratios["cached_over_uncached_beam2"] > 0
     assert 0 <= ratios["ctranslate2_identical_to_saved_model_beam1"] <= 1
+
+
+@pytest.mark.slow  # two exports
+def test_decoding_controls_smoke(tiny_run, tmp_path):
+    output = tmp_path / "controls.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1", "--batch-size", "4",
+            "--output", str(output)]  # fmt: skip
+    assert decoding_controls.main(argv) == 0
+    result = read(output)
+    arms = ("off", "neutral", "all")
+    assert set(result["results"]) == {f"beam{b}_{arm}" for b in (1, 4) for arm in arms}
+    assert all(entry["sentences_per_second"] > 0 for entry in result["results"].values())
+    assert set(result["ratios"]) == {f"beam{b}_{a}_time_over_off" for b in (1, 4) for a in arms[1:]}
 
 
 def test_decoding_concurrency_smoke(tiny_run, tmp_path):

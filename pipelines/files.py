@@ -185,8 +185,9 @@ def _running(pid):
 def output_lock(path, flag):
     """Holds `PATH.lock` while a command writes `path`; refuses a second writer at once.
 
-    The lock is the kernel's (`flock`), so a killed run leaves none behind;
-    the file holds the writer's process id for the message.
+    The lock is the kernel's (`flock`): a killed run's lock is released (its
+    file may stay, and the next run takes it over); the file holds the
+    writer's process id for the message.
 
     Raises:
         ConfigError: another process holds the lock, named by its id.
@@ -219,5 +220,9 @@ def output_lock(path, flag):
         handle.flush()
         yield
     finally:
-        os.remove(lock_path)  # while still holding it, so no one locks the removed file
-        handle.close()
+        try:
+            os.remove(lock_path)  # while still holding it, so no one locks the removed file
+        except FileNotFoundError:
+            pass
+        finally:
+            handle.close()

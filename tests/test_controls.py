@@ -230,10 +230,12 @@ def test_per_sentence_settings_equal_each_sentences_own_search(model):  # noqa: 
         [[[first[0], first[1]]], [[-1, first[0]]], [[-1, -1]]], "int32"
     )
     together = rows(greedy_search(model, SOURCES, extra_length=EXTRA, **per_sentence))
+    plain = plain_greedy(model)
     for sentence, row in enumerate(settings):
         alone = {**row, "max_length": row["max_length"] or None}
         expected = reference_greedy(model, alone)[sentence]
         assert together[sentence] == expected, sentence
+        assert expected != plain[sentence], sentence  # each sentence's own settings bite
 
 
 @pytest.mark.parametrize(
@@ -241,6 +243,8 @@ def test_per_sentence_settings_equal_each_sentences_own_search(model):  # noqa: 
     [
         ({"no_repeat_ngram_size": -1}, "no_repeat_ngram_size=-1"),
         ({"repetition_penalty": 0.0}, "repetition_penalty=0.0"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty=inf"),
+        ({"banned_tokens": np.zeros((1, 1, 1, 1), "int32")}, "shape=\\(1, 1, 1, 1\\)"),
         ({"min_length": 5, "max_length": 4}, "min_length=5, max_length=4"),
         ({"banned_tokens": [[]]}, "banned_tokens"),
     ],
@@ -253,3 +257,11 @@ def test_bad_controls_are_named(model, arguments, message):  # noqa: F811
 def test_banned_sequences_are_right_aligned():
     laid_out = banned_sequences([4, [5, 6, 7], (8, 9)])
     np.testing.assert_array_equal(laid_out, [[-1, -1, 4], [5, 6, 7], [-1, 8, 9]])
+
+
+def test_banned_ids_as_an_array_or_a_set_are_single_tokens(model):  # noqa: F811
+    first = plain_greedy(model)[0][0]
+    expected = rows(greedy_search(model, SOURCES, extra_length=EXTRA, banned_tokens=[first]))
+    for banned in (np.array([first]), {first}):
+        tokens = greedy_search(model, SOURCES, extra_length=EXTRA, banned_tokens=banned)
+        assert rows(tokens) == expected

@@ -105,9 +105,9 @@ def check_controls(
         value = given[name]
         if _is_python(value) and value is not None and value < 0:
             raise ValueError(f"{name} must be 0 (off) or positive. Received: {name}={value}")
-    if _is_python(repetition_penalty) and not repetition_penalty > 0:
+    if _is_python(repetition_penalty) and not 0 < repetition_penalty < float("inf"):
         raise ValueError(
-            "repetition_penalty must be positive. "
+            "repetition_penalty must be positive and finite. "
             f"Received: repetition_penalty={repetition_penalty}"
         )
     if _is_python(max_length) and _is_python(min_length) and max_length and min_length > max_length:
@@ -123,9 +123,16 @@ def check_controls(
         if not (_is_python(value) and (value == off[name] or value is None))
     }
     if banned_tokens is not None:
-        if isinstance(banned_tokens, (list, tuple)):
-            banned_tokens = banned_sequences(banned_tokens) if banned_tokens else None
-        if banned_tokens is not None:
+        if not hasattr(banned_tokens, "shape"):  # ids and sequences of them
+            banned_tokens = banned_sequences(list(banned_tokens))
+        elif len(banned_tokens.shape) == 1:  # ids
+            banned_tokens = ops.expand_dims(banned_tokens, -1)
+        if len(banned_tokens.shape) not in (2, 3):
+            raise ValueError(
+                "banned_tokens must be ids and id sequences, or a tensor (N, L) or (B, N, L). "
+                f"Received: shape={banned_tokens.shape}"
+            )
+        if banned_tokens.shape[-2] != 0:  # none banned: nothing to do
             controls["banned_tokens"] = ops.convert_to_tensor(banned_tokens, "int32")
     return controls or None
 
@@ -147,13 +154,19 @@ def _per_row(value, rows, dtype):
 
 
 def _token_mask(ids, valid, vocabulary_size):
-    """Bool `(R, V)`: True at every id of `ids` `(R, M)` where `valid` `(R, M)`."""
+    """Bool `(R, V)`: True at every id of `ids` `(R, M)` where `valid` `(R, M)`.
+
+    One `scatter_update` into `(R, V + 1)`, the entries not wanted sent to the
+    extra column: PyTorch's `ops.scatter` (a sum) loops in Python over entries.
+    """
     rows, width = ops.shape(ids)[0], ops.shape(ids)[1]
     row_ids = ops.broadcast_to(ops.arange(rows, dtype="int32")[:, None], (rows, width))
-    safe = ops.clip(ids, 0, vocabulary_size - 1)
-    cells = ops.reshape(ops.stack([row_ids, safe], axis=-1), (-1, 2))  # (R * M, 2)
-    hits = ops.reshape(ops.cast(valid & (ids >= 0) & (ids < vocabulary_size), "float32"), (-1,))
-    return ops.scatter(cells, hits, (rows, vocabulary_size)) > 0
+    wanted = valid & (ids >= 0) & (ids < vocabulary_size)
+    columns = ops.where(wanted, ids, vocabulary_size)  # (R, M)
+    cells = ops.reshape(ops.stack([row_ids, columns], axis=-1), (-1, 2))  # (R * M, 2)
+    mask = ops.zeros((rows, vocabulary_size + 1), dtype="int32")
+    mask = ops.scatter_update(mask, cells, ops.ones((rows * width,), dtype="int32"))
+    return mask[:, :vocabulary_size] > 0
 
 
 def _column(history, position):

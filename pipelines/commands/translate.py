@@ -141,9 +141,9 @@ def _check_controls(args):
             raise ConfigError(f"{flag} must be 0 (off) or positive. Received: {value}")
     if args.max_length is not None and args.max_length < 1:
         raise ConfigError(f"--max-length must be positive. Received: {args.max_length}")
-    if args.repetition_penalty is not None and not args.repetition_penalty > 0:
+    if args.repetition_penalty is not None and not 0 < args.repetition_penalty < float("inf"):
         raise ConfigError(
-            f"--repetition-penalty must be positive. Received: {args.repetition_penalty}"
+            f"--repetition-penalty must be positive and finite. Received: {args.repetition_penalty}"
         )
     if args.min_length and args.max_length and args.min_length > args.max_length:
         raise ConfigError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
@@ -160,7 +160,8 @@ def _banned_words(path):
             raise DataError(
                 f"--banned-words {path}, line {number}: not UTF-8 ({error.reason})"
             ) from None
-    return "\n".join(line.decode("utf-8").strip() for line in lines if line.strip())
+    text = "\n".join(line.decode("utf-8").strip() for line in lines if line.strip())
+    return text.removeprefix("\ufeff")  # a byte-order mark is not part of the first word
 
 
 def _check_prefixes(args, version, lines, prefixes, source_name, settings):

@@ -43,6 +43,9 @@ def banned_word_ids(tokenizer, banned_words):
         -1 (any token) on the left; rows of -1 where a sentence has fewer
         phrases.
     """
+    banned_words = tf.strings.unicode_transcode(
+        banned_words, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
     phrases = tf.strings.split(banned_words, "\n")  # ragged (B, N)
     phrases = tf.ragged.boolean_mask(phrases, tf.strings.length(tf.strings.strip(phrases)) > 0)
     pieces = tf.cast(tokenizer.tokenize(phrases.values), tf.int32)  # ragged (P, L), every phrase
@@ -77,7 +80,10 @@ def control_tensors(tokenizer, sentences, controls):
     check_rows(sentences, **tensors)
     checks = [
         (tensors["no_repeat_ngram_size"] >= 0, "no_repeat_ngram_size must be 0 (off) or positive"),
-        (tensors["repetition_penalty"] > 0, "repetition_penalty must be positive"),
+        (
+            (tensors["repetition_penalty"] > 0) & tf.math.is_finite(tensors["repetition_penalty"]),
+            "repetition_penalty must be positive and finite",
+        ),
         (tensors["min_length"] >= 0, "min_length must be 0 (off) or positive"),
         (tensors["max_length"] >= 0, "max_length must be 0 (off) or positive"),
         (

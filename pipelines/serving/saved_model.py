@@ -475,7 +475,8 @@ def export(translator, base_dir, version=None):
             write_warmup_requests(staging)
             write_json(os.path.join(staging, SETTINGS_FILE), dict(translator.search_settings))
         except (tf.errors.ResourceExhaustedError, OSError) as error:
-            if isinstance(error, OSError) and error.errno != errno.ENOSPC:
+            full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            if not (full or "space left" in str(error) or "quota" in str(error).lower()):
                 raise
             raise ExportError(_space_message(base_dir, needed, "the disk filled up")) from None
         while True:

@@ -323,6 +323,7 @@ def test_banned_words_become_right_aligned_pieces(exported):
     [
         ("no_repeat_ngram_size", -1, "no_repeat_ngram_size must be 0"),
         ("repetition_penalty", 0.0, "repetition_penalty must be positive"),
+        ("repetition_penalty", float("inf"), "repetition_penalty must be positive and finite"),
         ("min_length", 10, "min_length must not exceed max_length"),
         ("max_length", -2, "max_length must be 0"),
     ],

@@ -265,3 +265,14 @@ def test_banned_ids_as_an_array_or_a_set_are_single_tokens(model):  # noqa: F811
     for banned in (np.array([first]), {first}):
         tokens = greedy_search(model, SOURCES, extra_length=EXTRA, banned_tokens=banned)
         assert rows(tokens) == expected
+
+
+def test_a_target_prefix_counts_toward_the_minimum_length(ending_model):
+    """The ending model would end at once: the minimum alone decides where its outputs end."""
+    prefix = np.array([[5, 5, 5], [6, 6, PAD], [PAD] * 3], "int32")
+    tokens = rows(
+        greedy_search(ending_model, SOURCES, extra_length=EXTRA, target_prefix=prefix, min_length=4)
+    )
+    assert tokens == reference_greedy(ending_model, {"min_length": 4}, prefix)
+    assert [len(output) for output in tokens] == [5, 5, 5]  # 4 tokens, prefix included, then EOS
+    assert all(output[-1] == EOS for output in tokens)

@@ -5,7 +5,7 @@ Usage:
 
 No model hub is reachable here, so the model is a random `MarianMTModel` of
 OPUS-MT's real shape (6 + 6 layers, d_model 512, 8 heads, feed-forward 2048,
-swish, 58,101 pieces: SentencePiece models of 8,000 pieces a side trained on
+swish, 58,101 pieces: SentencePiece models of 7,000 pieces a side trained on
 Multi30k's training text, the rest of the vocabulary filled with pieces
 neither side makes), saved in the Hugging Face layout. Measured, in one
 process:
@@ -188,7 +188,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_parallel_arguments(parser, "test_2016_flickr")
     parser.add_argument("--train-sentences", type=int, default=29000, help="for the SentencePieces")
-    parser.add_argument("--pieces", type=int, default=8000, help="SentencePiece pieces a side")
+    parser.add_argument("--pieces", type=int, default=7000, help="SentencePiece pieces a side")
     parser.add_argument("--sentences", type=int, default=128, help="test sentences translated")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--extra-length", type=int, default=20)

@@ -265,7 +265,6 @@ def _translate_files(args, sampling, banned):
     with source:
         data = source.read()
     lines = read_input_lines(data)
-    _warn_invalid_utf8(lines, f"--input {args.input}" if args.input else "stdin")
     prefixes, prefix_data = None, b""
     if args.prefix_file:
         with open(args.prefix_file, "rb") as handle:
@@ -277,6 +276,7 @@ def _translate_files(args, sampling, banned):
         )  # fmt: skip
     elif name == "align":
         prefixes = [b""] * len(lines)
+    _warn_invalid_utf8(lines, f"--input {args.input}" if args.input else "stdin")  # checks passed
     samples = args.num_samples or 1
     if name == "translate":
         _keep_export_settings(args, client.export_settings(version))

@@ -68,7 +68,9 @@ def test_setting_names_are_unique_and_every_number_has_limits():
 def test_model_settings_cover_the_transformer_arguments():
     arguments = set(inspect.signature(Transformer.__init__).parameters) - {"self", "kwargs"}
     # The tokenizer decides the vocabulary and the special ids.
-    decided_elsewhere = {"vocabulary_size", "target_vocabulary_size", "pad_id", "bos_id", "eos_id"}
+    decided_elsewhere = {
+        "vocabulary_size", "target_vocabulary_size", "pad_id", "bos_id", "eos_id", "unk_id",
+    }  # fmt: skip
     fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"preset", "init_from"}
     assert fields == arguments - decided_elsewhere
 

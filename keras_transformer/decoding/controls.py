@@ -237,9 +237,9 @@ def apply_controls(model, logits, history, index, row_sentences, controls):
         float32 `(R, V)` logits: penalized, banned tokens `IMPOSSIBLE`.
     """
     vocabulary_size = ops.shape(logits)[-1]
-    positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
-    produced = ops.broadcast_to(positions < index, ops.shape(history))  # (R, T)
     if "repetition_penalty" in controls:
+        positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
+        produced = ops.broadcast_to(positions < index, ops.shape(history))  # (R, T)
         penalty = _per_row(controls["repetition_penalty"], row_sentences, "float32")[:, None]
         seen = _token_mask(history, produced, vocabulary_size)
         penalized = ops.where(logits < 0, logits * penalty, logits / penalty)

@@ -132,6 +132,13 @@ def atomic_text(path):
             os.fsync(handle.fileno())
 
 
+def free_bytes(path):
+    """Free bytes on the disk `path` is on, or would be on once created."""
+    while not os.path.exists(path):
+        path = os.path.dirname(os.path.abspath(path))
+    return shutil.disk_usage(path).free
+
+
 def read_json(path):
     """The JSON value in the UTF-8 file `path`."""
     with open(path, encoding="utf-8") as handle:

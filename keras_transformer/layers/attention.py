@@ -72,6 +72,11 @@ def _dense_rows(dense, rows):
     kernel viewed as 2-D, which TensorFlow runs several times faster than the
     einsum of a 3-D input (see `rows.apply_to_rows`). Returns `(N, outputs)`.
     """
+    if dense.quantization_mode is not None:
+        # A quantized layer (`Model.quantize`) holds its kernel with scales, and
+        # its own call knows how to use them: run it on one-position rows.
+        outputs = dense(ops.expand_dims(rows, 1))  # (N, 1, *outputs)
+        return ops.reshape(outputs, (ops.shape(outputs)[0], -1))
     rows = ops.reshape(rows, (ops.shape(rows)[0], -1))  # (N, features)
     # Cast as the layer's autocast would: `call_with_cache` and `attend_cached`
     # are called directly, outside `__call__`'s autocast scope.

@@ -77,19 +77,76 @@ class TokenEmbedding(keras.layers.Layer):
         self.supports_masking = pad_id is not None
 
     def build(self, inputs_shape=None):
+        if self.quantization_mode is not None:
+            if self.quantization_mode != "int8":
+                raise ValueError(
+                    "TokenEmbedding can be quantized to int8 only. "
+                    f"Received: quantization_mode={self.quantization_mode}"
+                )
+            self._int8_weights()
+            return
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.vocabulary_size, self.hidden_dim),
             initializer=self.embeddings_initializer,
         )
 
+    def _int8_weights(self):
+        shape = (self.vocabulary_size, self.hidden_dim)
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=shape, initializer="zeros", dtype="int8", trainable=False
+        )
+        self.embeddings_scale = self.add_weight(
+            name="embeddings_scale",
+            shape=(self.vocabulary_size,),
+            initializer="ones",
+            trainable=False,
+        )
+        self._is_quantized = True
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Stores the embeddings in int8 with one scale a token (`Model.quantize`).
+
+        Row `i` becomes `round(E[i] * s[i])` with `s[i] = 127 / max|E[i]|`, as
+        Keras quantizes its `Embedding`; lookups and the tied output projection
+        divide by the scale again and compute in float (weight-only int8).
+
+        Args:
+            mode: str, "int8" (the only mode).
+            type_check: bool, unused (part of Keras's `quantize` protocol).
+            config: a `keras.quantizers.QuantizationConfig`, unused: the
+                activations of a lookup are not quantized.
+        """
+        if mode != "int8":
+            raise ValueError(f"TokenEmbedding can be quantized to int8 only. Received: mode={mode}")
+        values, scale = keras.quantizers.abs_max_quantize(self.embeddings, axis=-1, to_numpy=True)
+        del self.embeddings
+        self._int8_weights()  # before the policy, whose setter would quantize again
+        self.dtype_policy = keras.dtype_policies.get(f"int8_from_{self.dtype_policy.name}")
+        self.embeddings.assign(values)
+        self.embeddings_scale.assign(ops.squeeze(scale, axis=-1))
+
+    def quantized_call(self, *args, **kwargs):
+        """`call`, which handles int8 embeddings itself."""
+        return self.call(*args, **kwargs)
+
     def call(self, inputs, reverse=False):
+        quantized = self.quantization_mode is not None
         embeddings = ops.cast(self.embeddings, self.compute_dtype)
         if reverse:
-            return apply_to_rows(
-                lambda rows: ops.matmul(rows, ops.transpose(embeddings)), inputs
-            )  # (B, T, V)
-        outputs = ops.take(embeddings, ops.cast(inputs, "int32"), axis=0)  # (B, T, D)
+            # x (q / s)^T = (x q^T) / s, one scale a token, i.e. a column of logits.
+            def project(rows):
+                logits = ops.matmul(rows, ops.transpose(embeddings))
+                if quantized:
+                    logits = logits / ops.cast(self.embeddings_scale, logits.dtype)
+                return logits
+
+            return apply_to_rows(project, inputs)  # (B, T, V)
+        ids = ops.cast(inputs, "int32")
+        outputs = ops.take(embeddings, ids, axis=0)  # (B, T, D)
+        if quantized:
+            scale = ops.take(ops.cast(self.embeddings_scale, outputs.dtype), ids, axis=0)
+            outputs = outputs / ops.expand_dims(scale, -1)
         if self.scale:
             outputs = outputs * ops.cast(math.sqrt(self.hidden_dim), outputs.dtype)
         return outputs

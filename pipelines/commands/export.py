@@ -7,7 +7,8 @@ writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 `--alpha`, `--extra-length`, `--tree-constraint`) defaults to the run's `decoding` settings in
 RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), `--tree-words` to its
 `data.treebank_words`, and the version records what it was exported with in
-`assets.extra/keras_transformer.json`.
+`assets.extra/keras_transformer.json`. `--quantize int8` (or `int8-weights`)
+stores the matrix weights in int8 (`pipelines.serving.quantization`).
 """
 
 import argparse
@@ -23,6 +24,7 @@ from pipelines.commands.arguments import (
 )
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
+from pipelines.serving.quantization import QUANTIZE_MODES
 from pipelines.serving.translation import CHUNK_SIZE
 from pipelines.serving.versions import check_version
 
@@ -54,6 +56,12 @@ def _parse(argv, prog):
     )
     parser.add_argument(
         "--nbest", type=int, help="hypotheses returned by `nbest` (default: up to 4)"
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_MODES,
+        help="store the matrix weights in int8: int8 also runs the products on int8 inputs, "
+        "int8-weights in float32 (default: float32 weights)",
     )
     parser.add_argument(
         "--chunk-size",
@@ -110,6 +118,7 @@ def _export(args):
         args.extra_length,
         args.tree_constraint,
         tree_words=run_tree_words(run_dir) if args.tree_words is None else args.tree_words,
+        quantize=args.quantize,
     )
     print(export(translator, base_dir, args.version))
 

@@ -58,7 +58,8 @@ def export_settings(version):
         sentence may produce beyond its source pieces, end of sentence
         included), `tree_constraint` (searches write only trees),
         `tree_words` (a parser writes each word before its tag) and, for
-        exports that record it, `max_source_length`.
+        exports that record them, `max_source_length` and `quantize` (None,
+        "int8" or "int8-weights").
         Exports made before the settings file get the settings they used.
 
     Raises:

@@ -59,9 +59,10 @@ import tensorflow_text as tf_text
 from pipelines.data.tokenizer import Sides, check_special_ids, sides
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
-from pipelines.files import staging_folder, write_json
+from pipelines.files import free_bytes, staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_specs, control_tensors
+from pipelines.serving.quantization import quantized
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
@@ -110,6 +111,8 @@ class Translator(tf.Module):
         tree_words: bool, the parser writes each word before its tag
             (`data.treebank_words`): the constrained searches copy the words
             from the source, and `kt parse` reads them back.
+        quantize: str or None, "int8" or "int8-weights" to store the matrix
+            weights in int8 (`pipelines.serving.quantization`); None keeps float32.
     """
 
     def __init__(
@@ -124,13 +127,15 @@ class Translator(tf.Module):
         extra_length=EXTRA_LENGTH,
         tree_constraint=False,
         tree_words=False,
+        quantize=None,
     ):
         super().__init__(name="translator")
         # What `export` records for clients (`client.export_settings`).
         self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
         self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
         self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
-        model = _checked_float32(model, sentencepiece_path)
+        self.search_settings.update(quantize=quantize)
+        model = _exported_model(model, sentencepiece_path, quantize)
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
         # the proto as an attribute, so the graph holds its own copy of the same bytes.
@@ -237,10 +242,12 @@ def _tokenizer(path, name=None):
         return tf_text.SentencepieceTokenizer(model=handle.read(), name=name)
 
 
-def _checked_float32(model, sentencepiece_path):
-    """`model` computing in float32, its special ids checked against the vocabulary's."""
+def _exported_model(model, sentencepiece_path, quantize):
+    """`model` computing in float32, its special ids checked against the vocabulary's,
+    quantized (a copy) with `quantize`."""
     check_special_ids(model, sentencepiece_path)
-    return with_dtype_policy(model, "float32")
+    model = with_dtype_policy(model, "float32")
+    return model if quantize is None else quantized(model, quantize)
 
 
 def _constraint(sentencepiece_path, eos_id, tree_constraint, copy_words):
@@ -427,17 +434,10 @@ def write_warmup_requests(saved_model_dir):
     return path
 
 
-def _free_bytes(path):
-    """Free bytes on the disk `path` is (or would be) on."""
-    while not os.path.exists(path):
-        path = os.path.dirname(os.path.abspath(path))
-    return shutil.disk_usage(path).free
-
-
 def _space_message(base_dir, needed, what):
     return (
         f"{base_dir}: {what}: the export needs about {needed / 2**20:.0f} MiB and "
-        f"{_free_bytes(base_dir) / 2**20:.0f} MiB are free"
+        f"{free_bytes(base_dir) / 2**20:.0f} MiB are free"
     )
 
 
@@ -466,7 +466,7 @@ def export(translator, base_dir, version=None):
     """
     check_version(base_dir, version)
     needed = translator.estimated_bytes()
-    if _free_bytes(base_dir) < needed:  # before anything is written
+    if free_bytes(base_dir) < needed:  # before anything is written
         raise ExportError(_space_message(base_dir, needed, "not enough space"))
     staging = staging_folder(base_dir)
     try:

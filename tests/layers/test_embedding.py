@@ -62,3 +62,38 @@ def test_invalid_arguments():
         TokenEmbedding(10, 8, pad_id=12)
     with pytest.raises(ValueError, match="vocabulary_size=0"):
         TokenEmbedding(0, 8)
+
+
+def test_int8_embeddings_are_kerass_abs_max_scheme_and_round_trip(tmp_path):
+    """One scale a token, 127 / max |row|; lookups and logits use q / scale in float."""
+    layer = TokenEmbedding(10, 16, pad_id=0)
+    layer.build()
+    table = to_numpy(layer.embeddings)
+    states = np.random.default_rng(0).normal(size=(2, 3, 16)).astype("float32")
+    layer.quantize("int8")
+    assert layer.quantization_mode == "int8" and str(layer.embeddings.dtype) == "int8"
+    scale = 127 / np.abs(table).max(axis=-1)
+    q = np.clip(np.round(table * scale[:, None]), -127, 127)
+    np.testing.assert_array_equal(to_numpy(layer.embeddings), q)
+    dequantized = q / scale[:, None]
+    assert 0 < np.abs(dequantized - table).max() <= 0.5 / scale.min()  # lossy, within half a step
+    np.testing.assert_allclose(to_numpy(layer(IDS)), dequantized[IDS] * 4, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(layer(states, reverse=True)), states @ dequantized.T, rtol=1e-5, atol=1e-5
+    )
+    inputs = keras.Input((4,), dtype="int32")
+    model = keras.Model(inputs, layer(inputs))
+    model.save(tmp_path / "int8.keras")
+    loaded = keras.saving.load_model(tmp_path / "int8.keras").layers[-1]
+    assert loaded.quantization_mode == "int8" and str(loaded.embeddings.dtype) == "int8"
+    np.testing.assert_array_equal(to_numpy(loaded(IDS)), to_numpy(layer(IDS)))
+    with pytest.raises(ValueError, match="already quantized"):
+        layer.quantize("int8")
+    with pytest.raises(ValueError, match="int8 only. Received: mode=int4"):
+        _quantize_built("int4")
+
+
+def _quantize_built(mode):
+    layer = TokenEmbedding(10, 16)
+    layer.build()
+    layer.quantize(mode)

@@ -238,3 +238,30 @@ def test_configs_saved_by_0_1_0_load_under_the_new_names(cls, old, new):
     (value,) = (v for k, v in old.items() if k not in ("vocabulary_size", "learned"))
     assert getattr(restored, new) == value
     assert new in restored.get_config()
+
+
+@pytest.mark.parametrize("activations", [True, False], ids=["int8", "int8-weights"])
+def test_an_int8_model_decodes_as_its_full_pass_and_near_float32(activations):
+    """`Model.quantize("int8")` reaches every matrix, the cached decoding path's too."""
+    model = tiny(tie_output_embeddings=False, share_source_target_embeddings=False)
+    float_logits = to_numpy(model((SOURCE, TARGET)))
+    config = None
+    if not activations:
+        config = keras.quantizers.Int8QuantizationConfig(
+            weight_quantizer=None, activation_quantizer=None
+        )
+    model.quantize("int8", config=config)
+    quantized = [v for v in model.weights if keras.backend.standardize_dtype(v.dtype) == "int8"]
+    # One int8 matrix a layer: 2 embeddings, 4 x 2 + 4 x 2 x 2 attention projections,
+    # 2 x 2 x 2 feed-forward, the output projection.
+    assert len(quantized) == 2 + 24 + 8 + 1
+    logits = to_numpy(model((SOURCE, TARGET)))
+    real = TARGET != 0
+    error = np.abs(logits - float_logits)[real].max()
+    assert 0 < error < 0.05 * np.abs(float_logits[real]).max()
+    full = to_numpy(keras.ops.log_softmax(logits, axis=-1))
+    state = model.start_decoding(SOURCE, 6)
+    for index in range(TARGET.shape[1]):
+        log_probs, state = model.decoding_step(TARGET[:, index], state, index)
+        real = TARGET[:, index] != 0
+        np.testing.assert_allclose(to_numpy(log_probs)[real], full[real, index], atol=1e-4)

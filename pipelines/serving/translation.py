@@ -55,7 +55,9 @@ def search(
         constraint: callable or None, restricts each next token (see
             `greedy_search`), such as a parser's `BracketConstraint`.
         controls: dict or None, the searches' decoding controls by name,
-            one value a sentence (`controls.control_tensors`).
+            one value a sentence (`controls.control_tensors`). Where every
+            sentence's are off, the search without controls runs, which
+            costs nothing for them.
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
@@ -66,8 +68,19 @@ def search(
         "return_attention": return_attention,
         "extra_length": extra_length,
         "constraint": constraint,
-        **(controls or {}),
     }
+    arguments = (model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop)
+    if controls is None:
+        return _search(*arguments, options)
+    return tf.cond(
+        controls_on(controls),
+        lambda: _search(*arguments, {**options, **controls}),
+        lambda: _search(*arguments, options),
+    )
+
+
+def _search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop, options):
+    """`search` with the searches' keyword arguments in `options`."""
 
     def greedy():
         results = greedy_search(
@@ -91,6 +104,24 @@ def search(
     if isinstance(beam_size, int):
         return greedy() if beam_size == 1 else beam()
     return tf.cond(tf.equal(beam_size, 1), greedy, beam)
+
+
+def controls_on(controls):
+    """Whether any sentence has a decoding control on (a bool scalar).
+
+    Args:
+        controls: dict of `(B,)` settings and `banned_tokens` `(B, N, L)`, as
+            `controls.control_tensors` returns them.
+    """
+    on = [
+        tf.reduce_any(controls["no_repeat_ngram_size"] > 0),
+        tf.reduce_any(controls["repetition_penalty"] != 1.0),
+        tf.reduce_any(controls["min_length"] > 0),
+        tf.reduce_any(controls["max_length"] > 0),
+        tf.reduce_any(controls["disable_unk"]),
+        tf.reduce_any(controls["banned_tokens"] >= 0),
+    ]
+    return tf.reduce_any(tf.stack(on))
 
 
 def encode(tokenizer, sentences, eos_id, max_source_length=None):

@@ -17,7 +17,7 @@ from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors
 from pipelines.serving.saved_model import Translator, export
-from pipelines.serving.translation import decode, encode
+from pipelines.serving.translation import controls_on, decode, encode
 from pipelines.serving.versions import next_version
 from tests.pipelines.conftest import tiny_translation_model
 
@@ -316,6 +316,27 @@ def test_banned_words_become_right_aligned_pieces(exported):
     assert ids.shape == (3, 2, width)
     for row, phrases in zip(ids.tolist(), rows, strict=True):
         assert row[: len(phrases)] == phrases and all(set(p) == {-1} for p in row[len(phrases) :])
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        ("no_repeat_ngram_size", 2),
+        ("repetition_penalty", 0.9),
+        ("min_length", 1),
+        ("max_length", 5),
+        ("disable_unk", True),
+        ("banned_words", "March"),
+    ],
+)
+def test_one_sentences_one_control_turns_the_controlled_search_on(exported, setting, value):
+    """A request whose controls are all off runs the search without them (`controls_on`)."""
+    tokenizer = exported[0].tokenizer
+    neutral = {name: [value] * 3 for name, value in NEUTRAL.items()}
+    sentences = tf.constant(["a", "b", "c"])
+    assert not controls_on(control_tensors(tokenizer, sentences, neutral)).numpy()
+    one = {**neutral, setting: [NEUTRAL[setting], value, NEUTRAL[setting]]}
+    assert controls_on(control_tensors(tokenizer, sentences, one)).numpy()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from benchmarks import (
     decoding_profile,
     gpu_recipe_study,
     gpu_training,
+    int8_serving,
     multi30k_recipe,
     pipeline_efficiency,
     ptb_recipe,
@@ -149,6 +150,23 @@ def test_decoding_concurrency_smoke(tiny_run, tmp_path):
     # output (each batch is searched alone).
     for name in names[1:4]:
         assert results[f"{name}_beam2"]["same_as_saved_model_chunks1"] == 16, name
+
+
+@pytest.mark.slow  # three exports, three serving processes
+def test_int8_serving_smoke(tiny_run, tmp_path):
+    output = tmp_path / "int8.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--repeats", "1", "--beams", "2",
+            "--batch-size", "4", "--large", "32", "--output", str(output)]  # fmt: skip
+    assert int8_serving.main(argv) == 0
+    result = read(output)
+    exports = ("float32", "int8", "int8-weights")
+    decoders = [*exports, "ctranslate2_int8", "ctranslate2_float32"]
+    assert set(result["results"]) == {f"{d}_{n}_beam2" for d in decoders for n in (1, 2)}
+    assert all(entry["sentences_per_second"] > 0 for entry in result["results"].values())
+    assert len(result["ratios"]) == 8 and all(value > 0 for value in result["ratios"].values())
+    for name in exports:
+        assert result["large_request"][name]["peak_kib"] > 0 and result["export_bytes"][name] > 0
 
 
 def test_length_sorted_batches_cut_the_graphs_order():

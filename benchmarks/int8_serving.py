@@ -1,0 +1,192 @@
+"""int8 SavedModels against float32, and CTranslate2 int8 on the same weights.
+
+Usage:
+    python benchmarks/int8_serving.py --run-dir runs/multi30k \
+        --multi30k-dir ../shared/data/multi30k [--repeats 5]
+
+Exports the run three times (`kt export` with no `--quantize`, `--quantize
+int8` and `--quantize int8-weights`) and translates test_2016_flickr (1,000
+sentences) with each export's `translate` signature, greedy and beam 4
+(alpha 0.6), in length-sorted requests of `--batch-size` sentences: one
+request at a time, and two in flight from two client threads. CTranslate2
+translates the same batches from the run's weights converted by
+`pipelines.serving.ctranslate2`, with `compute_type` int8 and float32, one
+batch at a time on all cores and two at once on half each. Each repetition
+runs every case once, in turn; the figure is the median. Then each export
+translates `--large` sentences (the test sentences, repeated) in one request
+in a fresh process (benchmarks/request_size.py's client), which reports its
+peak resident memory.
+
+Targets (benchmarks/README.md): int8 at least 1.3x float32's speed, greedy
+and beam 4, one and two in flight, BLEU within 0.5; against CTranslate2
+int8, reported as a ratio (the goal: within 1.5x); peak memory of the large
+request no worse than float32's. Writes benchmarks/results/int8_serving.json.
+"""
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    add_parallel_arguments,
+    load_run,
+    median,
+    read_parallel,
+    table,
+    write_result,
+)
+from benchmarks.decoding_concurrency import (  # noqa: E402
+    length_sorted_batches,
+    requests_in_flight,
+)
+from benchmarks.request_size import run_client  # noqa: E402
+
+EXPORTS = ("float32", "int8", "int8-weights")
+
+
+def folder_bytes(path):
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(path)
+        for name in names
+    )
+
+
+def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources):
+    """`{name: translate(beam_size) -> list of str}` and `{export: version folder}`."""
+    import sentencepiece
+    import tensorflow as tf
+
+    from pipelines.serving import saved_model
+    from pipelines.serving.ctranslate2 import CTranslate2Translator, convert
+
+    lines = [s.encode("utf-8") for s in sources]
+    pieces = sentencepiece.SentencePieceProcessor(model_file=spm_path).encode(sources)
+    batches = length_sorted_batches([len(p) for p in pieces], batch_size)
+    decoders, versions = {}, {}
+    for name in EXPORTS:
+        quantize = None if name == "float32" else name
+        translator = saved_model.Translator(
+            model, spm_path, max_length, chunk_size=batch_size, quantize=quantize
+        )
+        versions[name] = saved_model.export(translator, os.path.join(work_dir, name))
+        signature = tf.saved_model.load(versions[name]).signatures["translate"]
+        for in_flight in (1, 2):
+            decoders[f"{name}_{in_flight}"] = requests_in_flight(
+                signature, batches, lines, in_flight
+            )
+    ct2_path = convert(model, spm_path, os.path.join(work_dir, "ct2"), max_length)
+    threads = os.cpu_count() or 1
+    ordered = [sources[i] for rows in batches for i in rows]
+    order = [i for rows in batches for i in rows]
+
+    def in_input_order(ct2, beam):
+        texts = ct2.translate(ordered, beam, 0.6, batch_size)[0]
+        translations = [None] * len(sources)
+        for row, text in zip(order, texts, strict=True):
+            translations[row] = text
+        return translations
+
+    for compute_type in ("int8", "float32"):
+        for inter in (1, 2):
+            ct2 = CTranslate2Translator(
+                ct2_path, max(threads // inter, 1), compute_type, inter_threads=inter
+            )
+            decoders[f"ctranslate2_{compute_type}_{inter}"] = functools.partial(in_input_order, ct2)
+    return decoders, versions
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="a training output folder")
+    add_parallel_arguments(parser, "test_2016_flickr")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences a request")
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--large", type=int, default=2048, help="sentences of the large request")
+    parser.add_argument("--output", default=os.path.join(RESULTS, "int8_serving.json"))
+    args = parser.parse_args(argv)
+    sources, references = read_parallel(parser, args, "test_2016_flickr")
+
+    import json
+
+    import sacrebleu
+
+    model, max_length = load_run(args.run_dir)
+    spm_path = os.path.join(args.run_dir, "sentencepiece.model")
+    with tempfile.TemporaryDirectory() as work_dir:
+        decoders, versions = build_decoders(
+            model, spm_path, max_length, work_dir, args.batch_size, sources
+        )
+        cases = [(name, beam) for beam in args.beams for name in decoders]
+        for name, beam in cases:  # loading and tracing, not timed
+            decoders[name](beam)
+        seconds = {case: [] for case in cases}
+        outputs = {}
+        for _ in range(args.repeats):
+            for name, beam in cases:
+                started = time.perf_counter()
+                outputs[name, beam] = decoders[name](beam)
+                seconds[name, beam].append(time.perf_counter() - started)
+        large_path = os.path.join(work_dir, "large.json")
+        with open(large_path, "w", encoding="utf-8") as handle:
+            json.dump([sources[i % len(sources)] for i in range(args.large)], handle)
+        memory = {
+            name: run_client(version, large_path, args.large) for name, version in versions.items()
+        }
+        sizes = {name: folder_bytes(version) for name, version in versions.items()}
+
+    results, rows = {}, []
+    for name, beam in cases:
+        middle = median(seconds[name, beam])
+        bleu = sacrebleu.corpus_bleu(outputs[name, beam], [references]).score
+        results[f"{name}_beam{beam}"] = {
+            "median_seconds": round(middle, 3),
+            "seconds": [round(s, 3) for s in seconds[name, beam]],
+            "sentences_per_second": round(len(sources) / middle, 1),
+            "bleu": round(bleu, 2),
+        }
+        rows.append([name, beam, f"{len(sources) / middle:.1f}", f"{bleu:.2f}"])
+    ratios = {}
+    for beam in args.beams:
+        for flight in (1, 2):
+            base = median(seconds[f"float32_{flight}", beam])
+            for name in ("int8", "int8-weights"):
+                mine = median(seconds[f"{name}_{flight}", beam])
+                ratios[f"{name}_speedup_over_float32_beam{beam}_{flight}"] = round(base / mine, 3)
+                theirs = median(seconds[f"ctranslate2_int8_{flight}", beam])
+                ratios[f"{name}_time_over_ctranslate2_int8_beam{beam}_{flight}"] = round(
+                    mine / theirs, 3
+                )
+    print(table(["decoder", "beam", "sentences/s", "BLEU"], rows))
+    print(json.dumps(ratios, indent=1))
+    for name in EXPORTS:
+        print(f"{name}: {sizes[name] / 2**20:.1f} MiB on disk, "
+              f"peak {memory[name]['peak_kib'] / 1024:.0f} MiB for {args.large} sentences "
+              f"in one request ({memory[name]['seconds']:.1f} s)")  # fmt: skip
+    write_result(
+        {
+            "benchmark": "int8_serving",
+            "command": "python benchmarks/int8_serving.py " + " ".join(argv or sys.argv[1:]),
+            "run_dir": os.path.abspath(args.run_dir),
+            "sentences": len(sources),
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "results": results,
+            "ratios": ratios,
+            "large_request": {"sentences": args.large, **memory},
+            "export_bytes": sizes,
+        },
+        args.output,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,6 +57,35 @@ def test_the_settings_table_is_current():
     )
 
 
+def test_the_api_reference_is_current():
+    from pipelines.api_reference import api_pages
+
+    pages = api_pages()
+    committed = {p.name: p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "api").iterdir()}
+    stale = sorted(name for name in pages | committed if pages.get(name) != committed.get(name))
+    assert not stale, (
+        f"docs/api/ {stale} differ from the docstrings; regenerate them: "
+        "python -m pipelines.api_reference (and delete the pages it no longer writes)"
+    )
+    sizes = {name: len(text.encode("utf-8")) for name, text in pages.items()}
+    assert max(sizes.values()) <= 15_000, f"split the pages over 15 KB (PAGES): {sizes}"
+
+
+@pytest.mark.parametrize("num_layers, hidden_dim, intermediate_dim", [(1, 8, 12), (2, 4, 6)])
+def test_the_api_reference_counts_the_preset_parameters(num_layers, hidden_dim, intermediate_dim):
+    """Its count, for tiny models with each preset's other settings, is a built model's."""
+    import keras_transformer
+    from pipelines.api_reference import parameters_without_embeddings
+
+    for preset in keras_transformer.PRESETS.values():
+        sizes = {**preset, "num_layers": num_layers, "hidden_dim": hidden_dim}
+        sizes.update(intermediate_dim=intermediate_dim, num_heads=2)
+        model = keras_transformer.Transformer(vocabulary_size=11, **sizes)
+        model.build(((None, None), (None, None)))
+        expected = parameters_without_embeddings(sizes)
+        assert expected is None or model.count_params() == expected + 11 * hidden_dim
+
+
 def shown_commands():
     """Every `kt ...` command line in the shell blocks of README.md and docs/."""
     found = []

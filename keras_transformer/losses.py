@@ -73,7 +73,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # picked by a comparison with the vocabulary's indices rather than
         # gathered: the gradient of a gather scatters into a fresh (B, T, V)
         # array, that of a selection fuses with the softmax's (faster for the
-        # output layer and loss together; benchmarks/README.md).
+        # output layer and loss together; benchmarks/studies/jax-backend.md).
         logits = ops.cast(y_pred, "float32")  # (B, T, V)
         vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")  # (V,)
         is_target = ops.equal(vocabulary, ops.expand_dims(y_true, -1))  # (B, T, V)

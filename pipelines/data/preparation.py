@@ -16,7 +16,7 @@ A rerun redoes only the parts and shards not yet complete.
 Why SentencePiece's encoder rather than tensorflow-text's in a parallel
 tf.data `map`: the in-graph tokenizer, fed from the Python reader, was
 measured at half the encoder's pairs a second on 2 cores
-(benchmarks/README.md, "Corpora at the paper's sizes"). The two give the
+(benchmarks/studies/corpus-scale.md). The two give the
 same ids from the same model file (tested), and the encoder takes a seed:
 BPE-dropout copies are reproducible on one core (on several, its threads
 take the sentences in no fixed order).

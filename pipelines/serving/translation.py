@@ -20,7 +20,7 @@ EXTRA_LENGTH = 50
 
 # Sentences searched together: enough rows for each step's matrix products to
 # pay for its fixed costs, few enough that one chunk's caches stay small
-# (chosen on Multi30k val; the comparison is in benchmarks/README.md).
+# (chosen on Multi30k val; the comparison is in benchmarks/studies/decoding-threads.md).
 CHUNK_SIZE = 128
 
 
@@ -459,7 +459,7 @@ def by_length_chunks(lengths, chunk_size, compute, outputs, parallel_chunks=1):
     Sorting by length keeps each chunk's padding small; one chunk at a time
     bounds memory whatever the request's size (parallel iterations would hold
     several chunks' caches, and on 2 CPU cores two chunks in flight were no
-    faster: benchmarks/README.md, "Two batches in flight").
+    faster: benchmarks/studies/decoding-threads.md).
 
     Args:
         lengths: int `(B,)`, each row's length.

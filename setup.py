@@ -1,4 +1,7 @@
-"""keras-transformer: the Transformer of "Attention Is All You Need" for Keras 3."""
+"""keras-aiayn: the Transformer of "Attention Is All You Need" for Keras 3.
+
+The distribution is keras-aiayn; the import package is keras_transformer.
+"""
 
 from setuptools import find_packages, setup
 
@@ -22,7 +25,7 @@ TENSORFLOW = [
 ]
 
 setup(
-    name="keras-transformer",
+    name="keras-aiayn",
     version="0.2.0",
     license="Apache-2.0",
     author="The keras-transformer authors",

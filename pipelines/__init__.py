@@ -1,6 +1,6 @@
 """TensorFlow-only pipelines: data, training, serving, evaluation and the commands.
 
-They come with the `tensorflow` extra: `pip install "keras-transformer[tensorflow]"`.
+They come with the `tensorflow` extra: `pip install "keras-aiayn[tensorflow]"`.
 """
 
 import importlib.util
@@ -8,7 +8,7 @@ import os
 
 if importlib.util.find_spec("tensorflow") is None:
     raise ImportError(
-        'pipelines need TensorFlow: pip install "keras-transformer[tensorflow]" '
+        'pipelines need TensorFlow: pip install "keras-aiayn[tensorflow]" '
         "(keras_transformer itself needs only Keras and one backend)"
     )
 

@@ -86,6 +86,40 @@ def test_the_api_reference_counts_the_preset_parameters(num_layers, hidden_dim, 
         assert expected is None or model.count_params() == expected + 11 * hidden_dim
 
 
+FIGURE = re.compile(r"([0-9][0-9,.]*x?)\**<!-- figure: ([a-z0-9-]+) -->")
+
+
+def quoted_figures(path):
+    """`(value, key)` of every figure marked `VALUE<!-- figure: KEY -->` in a Markdown file."""
+    return FIGURE.findall(path.read_text(encoding="utf-8"))
+
+
+def test_figures_quoted_elsewhere_agree_with_results_md():
+    """docs/results.md states each headline figure once; every marked quote elsewhere agrees."""
+    defined = {}
+    for value, key in quoted_figures(ROOT / "docs" / "results.md"):
+        assert key not in defined, f"docs/results.md marks {key} twice"
+        defined[key] = value
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "benchmarks").rglob("*.md")]
+    pages += [page for page in (ROOT / "docs").rglob("*.md") if page.name != "results.md"]
+    quotes = [(page, value, key) for page in pages for value, key in quoted_figures(page)]
+    for page, value, key in quotes:
+        assert key in defined, f"{page.name}: {key} is not a figure of docs/results.md"
+        assert value == defined[key], (
+            f"{page.name}: {key} is {value}, docs/results.md says {defined[key]}"
+        )
+    # The README's results: at most four one-line rows, each quoting a marked figure.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Results", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+    assert 1 <= len(table) <= 4 and all(FIGURE.search(row) for row in table), table
+
+
+def test_the_figure_check_sees_a_disagreement(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("BLEU **39.85<!-- figure: multi30k-bleu-lowercased -->** and 2x\n")
+    assert quoted_figures(page) == [("39.85", "multi30k-bleu-lowercased")]
+
+
 def shown_commands():
     """Every `kt ...` command line in the shell blocks of README.md and docs/."""
     found = []

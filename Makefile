@@ -5,8 +5,8 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PYTEST := TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -n 2
-# oneDNN kernels: TensorFlow leaves them off on AMD CPUs; training ran 1.35x
-# faster with them (benchmarks/onednn_training.py).
+# oneDNN kernels: some TensorFlow builds leave them off on AMD CPUs; training ran
+# 1.35x faster with them than without (benchmarks/onednn_training.py).
 RUN_ENV := KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL=2 TF_ENABLE_ONEDNN_OPTS=1
 # Tests of backend-agnostic code (keras_transformer/); pipelines/ runs on TensorFlow,
 # and its training also on JAX (tests/jax_training).

@@ -2,7 +2,7 @@
 
     kt ct2-export --run-dir runs/multi30k --output ct2/multi30k
 
-CTranslate2 is an optional extra (`pip install "keras-aiayn[ctranslate2]"`);
+CTranslate2 is an optional extra (`pip install "keras-aiayn[tensorflow,ctranslate2]"`);
 see `pipelines.serving.ctranslate2` for what the folder holds.
 """
 
@@ -34,7 +34,7 @@ def _convert(args):
         import ctranslate2  # noqa: F401
     except ImportError:
         raise UsageError(
-            'CTranslate2 is not installed: pip install "keras-aiayn[ctranslate2]"'
+            'CTranslate2 is not installed: pip install "keras-aiayn[tensorflow,ctranslate2]"'
         ) from None
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 

@@ -9,7 +9,7 @@ Examples:
     kt train --config my_run.json --set model.dropout=0.2
     kt train --max-minutes 30 --cooldown 0.3
     kt train --recipe multi30k --multi30k-dir data/multi30k --print-config
-    kt train --init-from runs/default --corpus files \
+    kt train --init-from runs/default --corpus files \\
         --train-files domain.en domain.de --output-dir runs/domain
 
 Every setting is a flag (`--batch-tokens 2048`) and can be set with

@@ -1,7 +1,7 @@
 """Converts a trained Transformer to a CTranslate2 model folder, and translates with it.
 
 CTranslate2 is a C++ inference engine for Transformer translation models. It
-is an optional extra (`pip install "keras-aiayn[ctranslate2]"`); this
+is an optional extra (`pip install "keras-aiayn[tensorflow,ctranslate2]"`); this
 module imports it only when called.
 
     kt ct2-export --run-dir runs/multi30k --output ct2/multi30k

@@ -2,7 +2,7 @@
 
 Every setting is declared once, below, as a dataclass field with its type,
 default, help and limits; the `kt train` flags, the checks and the settings
-table in docs/training.md are all derived from these declarations. Sources
+table in docs/settings.md are all derived from these declarations. Sources
 apply in order: recipe (`pipelines/training/recipes/NAME.json`), then a
 config file, then flags and `--set` values. The result is checked as a whole
 by `validate` before any data is read.

@@ -1,4 +1,4 @@
-"""The settings table of docs/training.md, made from the declarations in `config`.
+"""The settings table of docs/settings.md, made from the declarations in `config`.
 
 Regenerate it with `python -m pipelines.training.settings_table`; a test
 checks the docs hold it.
@@ -10,7 +10,7 @@ from pipelines.training.config import SETTINGS, base_type
 
 
 def settings_markdown():
-    """A Markdown table of every setting: name, type, default, limits, help (docs/training.md)."""
+    """A Markdown table of every setting: name, type, default, limits, help (docs/settings.md)."""
     rows = ["| setting | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     for item in SETTINGS.values():
         base, optional, member = base_type(item.type)

@@ -50,7 +50,7 @@ def test_the_training_guide_runs(tmp_path, monkeypatch):
 def test_the_settings_table_is_current():
     from pipelines.training.settings_table import settings_markdown
 
-    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
     table = text.split("<!-- settings -->\n")[1].split("<!-- /settings -->")[0]
     assert table == settings_markdown(), (
         "regenerate it: python -m pipelines.training.settings_table"

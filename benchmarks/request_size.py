@@ -9,7 +9,9 @@ sentences of `--source` with `serving_default` (beam 4) in a fresh process per
 request size: all of them in one request, and in requests of `--small` (64)
 sentences one after another. Each process loads the SavedModel with TensorFlow
 and tensorflow-text alone, warms up on a few sentences, and reports its
-wall-clock time per sentence and its peak resident memory (`ru_maxrss`, which
+wall-clock time per sentence and its peak resident memory (`VmHWM` of
+/proc/self/status where there is one: `ru_maxrss` keeps the spawning process's
+peak across `exec`, so a large parent would hide the client's own; it
 includes the loaded model). Prints a table and writes
 benchmarks/results/request_size.json.
 """
@@ -33,14 +35,25 @@ import tensorflow_text  # noqa: F401
 path, sentences_path, request = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with open(sentences_path, encoding="utf-8") as handle:
     sentences = json.load(handle)
+
+
+def peak_kib():
+    # VmHWM is this process's own peak; ru_maxrss also counts the parent's before exec.
+    try:
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("VmHWM")).split()[1])
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 serve = tf.saved_model.load(path).signatures["serving_default"]
 serve(inputs=tf.constant(sentences[:8]))  # warm-up
-loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+loaded = peak_kib()
 started = time.perf_counter()
 for start in range(0, len(sentences), request):
     serve(inputs=tf.constant(sentences[start : start + request]))
 seconds = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_kib()
 print(json.dumps({"seconds": seconds, "loaded_kib": loaded, "peak_kib": peak}))
 """
 

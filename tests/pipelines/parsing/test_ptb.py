@@ -103,7 +103,7 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
     settings = client.export_settings(version)
     assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
                         "max_source_length": 1100, "tree_constraint": True,
-                        "tree_words": True}  # fmt: skip
+                        "tree_words": True, "quantize": None}  # fmt: skip
     loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3

@@ -33,6 +33,7 @@ import numbers
 
 import numpy as np
 from keras import ops
+from keras.backend import standardize_dtype
 
 from keras_transformer.decoding.steps import IMPOSSIBLE
 
@@ -153,20 +154,18 @@ def _per_row(value, rows, dtype):
     return ops.take(ops.cast(value, dtype), rows, axis=0)
 
 
-def _token_mask(ids, valid, vocabulary_size):
-    """Bool `(R, V)`: True at every id of `ids` `(R, M)` where `valid` `(R, M)`.
+def _cells(ids, wanted, vocabulary_size):
+    """Int `(R * M, 2)` the (row, id) cells of `ids` `(R, M)`, column V where not `wanted`.
 
-    One `scatter_update` into `(R, V + 1)`, the entries not wanted sent to the
-    extra column: PyTorch's `ops.scatter` (a sum) loops in Python over entries.
+    The cells not wanted land in an extra column V that is dropped afterwards:
+    a fixed shape, so one scatter serves every row (PyTorch's `ops.scatter`, a
+    sum, would loop in Python over entries; `scatter_update` does not).
     """
     rows, width = ops.shape(ids)[0], ops.shape(ids)[1]
     row_ids = ops.broadcast_to(ops.arange(rows, dtype="int32")[:, None], (rows, width))
-    wanted = valid & (ids >= 0) & (ids < vocabulary_size)
+    wanted = wanted & (ids >= 0) & (ids < vocabulary_size)
     columns = ops.where(wanted, ids, vocabulary_size)  # (R, M)
-    cells = ops.reshape(ops.stack([row_ids, columns], axis=-1), (-1, 2))  # (R * M, 2)
-    mask = ops.zeros((rows, vocabulary_size + 1), dtype="int32")
-    mask = ops.scatter_update(mask, cells, ops.ones((rows * width,), dtype="int32"))
-    return mask[:, :vocabulary_size] > 0
+    return ops.reshape(ops.stack([row_ids, columns], axis=-1), (-1, 2))
 
 
 def _column(history, position):
@@ -223,6 +222,12 @@ def _banned_sequence_ends(history, index, sequences):
 def apply_controls(model, logits, history, index, row_sentences, controls):
     """A step's logits `(R, V)` cut by the controls (see the module docstring).
 
+    The cuts touch only the cells they change: the penalty gathers the logits
+    of the `(R, T)` tokens produced and scatters them back rescaled, and every
+    ban (repeated n-grams, `min_length`, `disable_unk`, banned sequences) goes
+    into one scatter of `IMPOSSIBLE`, so the cost grows with the output's
+    length, not with the vocabulary.
+
     Args:
         model: the model searched (its `eos_id`, `unk_id`).
         logits: float32 `(R, V)` next-token logits.
@@ -236,35 +241,44 @@ def apply_controls(model, logits, history, index, row_sentences, controls):
     Returns:
         float32 `(R, V)` logits: penalized, banned tokens `IMPOSSIBLE`.
     """
-    vocabulary_size = ops.shape(logits)[-1]
+    rows, vocabulary_size = ops.shape(logits)[0], ops.shape(logits)[-1]
+    # Column V receives the cells not wanted; it is dropped at the end.
+    cut = ops.concatenate([logits, ops.zeros_like(logits[:, :1])], axis=1)
     if "repetition_penalty" in controls:
         positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
         produced = ops.broadcast_to(positions < index, ops.shape(history))  # (R, T)
+        tokens = ops.clip(history, 0, vocabulary_size - 1)
+        values = ops.take_along_axis(logits, tokens, axis=1)  # (R, T)
         penalty = _per_row(controls["repetition_penalty"], row_sentences, "float32")[:, None]
-        seen = _token_mask(history, produced, vocabulary_size)
-        penalized = ops.where(logits < 0, logits * penalty, logits / penalty)
-        logits = ops.where(seen, penalized, logits)
-    banned = ops.zeros(ops.shape(logits), dtype="bool")
-    vocabulary = ops.arange(vocabulary_size, dtype="int32")[None]  # (1, V)
+        values = ops.where(values < 0, values * penalty, values / penalty)
+        # A token produced twice gets the same value twice: the order of writes is moot.
+        cells = _cells(history, produced, vocabulary_size)
+        cut = ops.scatter_update(cut, cells, ops.reshape(values, (-1,)))
+    banned = []  # int (R, M) each: ids to ban, -1 for none
     if "no_repeat_ngram_size" in controls:
         size = controls["no_repeat_ngram_size"]
         sizes = _per_row(size, row_sentences, "int32")
         largest = size if _is_python(size) else ops.max(sizes)
-        ends = _repeated_ngram_ends(history, index, sizes, largest)
-        banned = banned | _token_mask(history, ends, vocabulary_size)
+        ends = _repeated_ngram_ends(history, index, sizes, largest)  # (R, T)
+        banned.append(ops.where(ends, history, -1))
     if "min_length" in controls:
         short = index < _per_row(controls["min_length"], row_sentences, "int32")  # (R,)
-        banned = banned | (short[:, None] & (vocabulary == model.eos_id))
+        banned.append(ops.where(short, model.eos_id, -1)[:, None])
     if "disable_unk" in controls:
         disabled = _per_row(controls["disable_unk"], row_sentences, "bool")
-        banned = banned | (disabled[:, None] & (vocabulary == model.unk_id))
+        banned.append(ops.where(disabled, model.unk_id, -1)[:, None])
     if "banned_tokens" in controls:
         sequences = controls["banned_tokens"]
         if len(sequences.shape) == 2:  # the same for every sentence
-            rows = ops.shape(row_sentences)[0]
             sequences = ops.broadcast_to(sequences[None], (rows, *ops.shape(sequences)))
         else:
             sequences = ops.take(sequences, row_sentences, axis=0)  # (R, N, L)
-        ids = _banned_sequence_ends(history, index, sequences)  # (R, N)
-        banned = banned | _token_mask(ids, ids >= 0, vocabulary_size)
-    return ops.where(banned, IMPOSSIBLE, logits)
+        banned.append(_banned_sequence_ends(history, index, sequences))  # (R, N)
+    if banned:
+        ids = ops.concatenate([ops.cast(ids, "int32") for ids in banned], axis=1)  # (R, M)
+        cells = _cells(ids, ids >= 0, vocabulary_size)
+        impossible = ops.full(
+            (ops.shape(cells)[0],), IMPOSSIBLE, dtype=standardize_dtype(logits.dtype)
+        )
+        cut = ops.scatter_update(cut, cells, impossible)
+    return cut[:, :vocabulary_size]

@@ -4,6 +4,7 @@ import datetime
 import os
 import platform
 import statistics
+import time
 
 # The product's recommended setting on these CPUs (README, Makefile); it must
 # be set before TensorFlow is imported.
@@ -63,6 +64,32 @@ def machine():
 
 def median(values):
     return statistics.median(values) if values else None
+
+
+def time_cases(run, cases, repeats):
+    """Times `run(case)` for every case, the cases interleaved.
+
+    Each case runs once untimed first (loading, tracing); then each of
+    `repeats` repetitions runs every case once, in turn, so a slow spell of
+    the machine falls on all cases alike. Quote the median of each case.
+
+    Args:
+        run: callable, `run(case)` -> the case's output.
+        cases: list of hashable cases.
+        repeats: int, timed runs of each case.
+
+    Returns:
+        `({case: [seconds]}, {case: output of its last run})`.
+    """
+    for case in cases:
+        run(case)
+    seconds, outputs = {case: [] for case in cases}, {}
+    for _ in range(repeats):
+        for case in cases:
+            started = time.perf_counter()
+            outputs[case] = run(case)
+            seconds[case].append(time.perf_counter() - started)
+    return seconds, outputs
 
 
 def write_result(result, path):

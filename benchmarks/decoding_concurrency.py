@@ -32,7 +32,6 @@ import functools
 import os
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
@@ -44,6 +43,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     read_parallel,
     table,
+    time_cases,
     write_result,
 )
 
@@ -149,15 +149,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work_dir:
         decoders = build_decoders(args.run_dir, work_dir, args.batch_size, sources)
         cases = [(name, beam) for beam in args.beams for name in decoders]
-        for name, beam in cases:  # loading and tracing, not timed
-            decoders[name](beam)
-        seconds = {case: [] for case in cases}
-        outputs = {}
-        for _ in range(args.repeats):
-            for name, beam in cases:
-                started = time.perf_counter()
-                outputs[name, beam] = decoders[name](beam)
-                seconds[name, beam].append(time.perf_counter() - started)
+        seconds, outputs = time_cases(lambda case: decoders[case[0]](case[1]), cases, args.repeats)
 
     results, rows = {}, []
     for name, beam in cases:

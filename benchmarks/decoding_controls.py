@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -32,6 +31,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     read_parallel,
     table,
+    time_cases,
     write_result,
 )
 
@@ -95,25 +95,21 @@ def main(argv=None):
 
     model, max_length = load_run(args.run_dir)
     spm_path = os.path.join(args.run_dir, "sentencepiece.model")
-    work = tempfile.mkdtemp(prefix="decoding_controls_")
-    searches = {}
-    for beam_size in (1, 4):
-        translator = saved_model.Translator(model, spm_path, max_length, beam_size=beam_size)
-        version = saved_model.export(translator, os.path.join(work, f"beam{beam_size}"))
-        searches[beam_size] = arms(version, args.banned_words)
     lines = [s.encode("utf-8") for s in sources]
     batches = [lines[i : i + args.batch_size] for i in range(0, len(lines), args.batch_size)]
-    seconds = {(beam, arm): [] for beam in searches for arm in ARMS}
-    outputs = {}
-    for translate in searches.values():  # warm-up: every graph traced once
-        for arm in ARMS:
-            translate[arm](batches[0])
-    for _ in range(args.repeats):
-        for beam, translate in searches.items():
-            for arm in ARMS:
-                started = time.perf_counter()
-                outputs[beam, arm] = [t for batch in batches for t in translate[arm](batch)]
-                seconds[beam, arm].append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory(prefix="decoding_controls_") as work:
+        searches = {}
+        for beam_size in (1, 4):
+            translator = saved_model.Translator(model, spm_path, max_length, beam_size=beam_size)
+            version = saved_model.export(translator, os.path.join(work, f"beam{beam_size}"))
+            searches[beam_size] = arms(version, args.banned_words)
+
+        def run(case):
+            translate = searches[case[0]][case[1]]
+            return [t for batch in batches for t in translate(batch)]
+
+        cases = [(beam, arm) for beam in searches for arm in ARMS]
+        seconds, outputs = time_cases(run, cases, args.repeats)
     results, rows = {}, []
     for (beam, arm), times in seconds.items():
         bleu = sacrebleu.corpus_bleu(outputs[beam, arm], [references]).score

@@ -13,14 +13,14 @@ translates the same batches from the run's weights converted by
 `pipelines.serving.ctranslate2`, with `compute_type` int8 and float32, one
 batch at a time on all cores and two at once on half each. Each repetition
 runs every case once, in turn; the figure is the median. Then each export
-translates `--large` sentences (the test sentences, repeated) in one request
-in a fresh process (benchmarks/request_size.py's client), which reports its
-peak resident memory.
+translates each of `--large` sentence counts (the test sentences, repeated) in
+one request in a fresh process (benchmarks/request_size.py's client), which
+reports its resident memory after loading and its peak.
 
 Targets (benchmarks/README.md): int8 at least 1.3x float32's speed, greedy
 and beam 4, one and two in flight, BLEU within 0.5; against CTranslate2
 int8, reported as a ratio (the goal: within 1.5x); peak memory of the large
-request no worse than float32's. Writes benchmarks/results/int8_serving.json.
+request no worse than float32's, at each size. Writes benchmarks/results/int8_serving.json.
 """
 
 import argparse
@@ -28,7 +28,6 @@ import functools
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -39,6 +38,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     read_parallel,
     table,
+    time_cases,
     write_result,
 )
 from benchmarks.decoding_concurrency import (  # noqa: E402
@@ -109,7 +109,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64, help="sentences a request")
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--large", type=int, default=2048, help="sentences of the large request")
+    parser.add_argument(
+        "--large", type=int, nargs="+", default=[512, 2048], help="sentences of the large requests"
+    )
     parser.add_argument("--output", default=os.path.join(RESULTS, "int8_serving.json"))
     args = parser.parse_args(argv)
     sources, references = read_parallel(parser, args, "test_2016_flickr")
@@ -125,21 +127,14 @@ def main(argv=None):
             model, spm_path, max_length, work_dir, args.batch_size, sources
         )
         cases = [(name, beam) for beam in args.beams for name in decoders]
-        for name, beam in cases:  # loading and tracing, not timed
-            decoders[name](beam)
-        seconds = {case: [] for case in cases}
-        outputs = {}
-        for _ in range(args.repeats):
-            for name, beam in cases:
-                started = time.perf_counter()
-                outputs[name, beam] = decoders[name](beam)
-                seconds[name, beam].append(time.perf_counter() - started)
-        large_path = os.path.join(work_dir, "large.json")
-        with open(large_path, "w", encoding="utf-8") as handle:
-            json.dump([sources[i % len(sources)] for i in range(args.large)], handle)
-        memory = {
-            name: run_client(version, large_path, args.large) for name, version in versions.items()
-        }
+        seconds, outputs = time_cases(lambda case: decoders[case[0]](case[1]), cases, args.repeats)
+        memory = {name: {} for name in versions}
+        for size in args.large:
+            large_path = os.path.join(work_dir, f"large_{size}.json")
+            with open(large_path, "w", encoding="utf-8") as handle:
+                json.dump([sources[i % len(sources)] for i in range(size)], handle)
+            for name, version in versions.items():
+                memory[name][size] = run_client(version, large_path, size)
         sizes = {name: folder_bytes(version) for name, version in versions.items()}
 
     results, rows = {}, []
@@ -167,9 +162,11 @@ def main(argv=None):
     print(table(["decoder", "beam", "sentences/s", "BLEU"], rows))
     print(json.dumps(ratios, indent=1))
     for name in EXPORTS:
-        print(f"{name}: {sizes[name] / 2**20:.1f} MiB on disk, "
-              f"peak {memory[name]['peak_kib'] / 1024:.0f} MiB for {args.large} sentences "
-              f"in one request ({memory[name]['seconds']:.1f} s)")  # fmt: skip
+        print(f"{name}: {sizes[name] / 2**20:.1f} MiB on disk")
+        for size, report in memory[name].items():
+            loaded, peak = report["loaded_kib"] / 1024, report["peak_kib"] / 1024
+            print(f"  {size} sentences in one request: loaded {loaded:.0f} MiB, "
+                  f"peak {peak:.0f} MiB ({report['seconds']:.1f} s)")  # fmt: skip
     write_result(
         {
             "benchmark": "int8_serving",
@@ -180,7 +177,7 @@ def main(argv=None):
             "repeats": args.repeats,
             "results": results,
             "ratios": ratios,
-            "large_request": {"sentences": args.large, **memory},
+            "large_requests": memory,
             "export_bytes": sizes,
         },
         args.output,

@@ -8,7 +8,9 @@ writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), `--tree-words` to its
 `data.treebank_words`, and the version records what it was exported with in
 `assets.extra/keras_transformer.json`. `--quantize int8` (or `int8-weights`)
-stores the matrix weights in int8 (`pipelines.serving.quantization`).
+stores the matrix weights in int8 (`pipelines.serving.quantization`);
+`--batching` writes warm-up requests that TF Serving's `--enable_batching`
+accepts (`pipelines.serving.warmup`).
 """
 
 import argparse
@@ -62,6 +64,12 @@ def _parse(argv, prog):
         choices=QUANTIZE_MODES,
         help="store the matrix weights in int8: int8 also runs the products on int8 inputs, "
         "int8-weights in float32 (default: float32 weights)",
+    )
+    parser.add_argument(
+        "--batching",
+        action="store_true",
+        help="for TF Serving's --enable_batching: warm-up requests without `translate`, "
+        "whose scalar inputs the batcher refuses (a refused warm-up request fails the load)",
     )
     parser.add_argument(
         "--chunk-size",
@@ -120,7 +128,7 @@ def _export(args):
         tree_words=run_tree_words(run_dir) if args.tree_words is None else args.tree_words,
         quantize=args.quantize,
     )
-    print(export(translator, base_dir, args.version))
+    print(export(translator, base_dir, args.version, batching=args.batching))
 
 
 def main(argv=None, prog="kt export"):

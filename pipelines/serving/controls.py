@@ -31,6 +31,20 @@ def control_specs():
     return [tf.TensorSpec([None], dtype, name=name) for name, (dtype, _) in CONTROLS.items()]
 
 
+def controls_on(tensors):
+    """Whether any sentence has a decoding control on (a bool scalar).
+
+    Args:
+        tensors: dict of `(B,)` settings and `banned_tokens` `(B, N, L)`, as
+            `control_tensors` returns them.
+    """
+    on = [tf.reduce_any(tensors["banned_tokens"] >= 0)]  # -1 pads: no word banned
+    for name, (_, neutral) in CONTROLS.items():
+        if name != "banned_words":
+            on.append(tf.reduce_any(tensors[name] != neutral))
+    return tf.reduce_any(tf.stack(on))
+
+
 def banned_word_ids(tokenizer, banned_words):
     """Each sentence's banned words as right-aligned piece ids, as the searches take them.
 

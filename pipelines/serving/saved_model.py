@@ -61,7 +61,7 @@ from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import free_bytes, staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE
-from pipelines.serving.controls import CONTROLS, NEUTRAL, control_specs, control_tensors
+from pipelines.serving.controls import CONTROLS, control_specs, control_tensors
 from pipelines.serving.quantization import quantized
 from pipelines.serving.translation import (
     CHUNK_SIZE,
@@ -345,95 +345,6 @@ def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
     return prefix, align, sample, controlled
 
 
-# Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):
-# a small batch, then a batch of many lengths, so that the first real requests
-# find every signature's graph and most of its kernels initialized.
-WARMUP_BATCHES = [
-    ["Hello.", "A short sentence for the warm-up request.", ""],
-    [" ".join(["word"] * length) for length in range(1, 65)],
-]
-
-
-WARMUP_CONTROLS = {
-    "no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "min_length": 2, "max_length": 60,
-    "disable_unk": True, "banned_words": "word\nshort sentence",
-}  # fmt: skip
-
-
-def warmup_requests(name="model"):
-    """TF Serving warm-up requests: one `PredictionLog` for each signature.
-
-    Args:
-        name: str, the model name the requests carry (TF Serving ignores it
-            while warming up and uses the model being loaded).
-
-    Returns:
-        list of `tensorflow_serving.apis.prediction_log_pb2.PredictionLog`.
-    """
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
-
-    inputs = []
-    for batch in WARMUP_BATCHES:
-        sentences = tf.make_tensor_proto(batch, tf.string)
-        prefixes = tf.make_tensor_proto([text[:8] for text in batch], tf.string)
-        inputs += [
-            ("serving_default", {SIGNATURE_INPUT: sentences}),
-            ("nbest", {SIGNATURE_INPUT: sentences}),
-            ("score", {"sources": sentences, "targets": sentences}),
-            ("prefix", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
-            ("align", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
-        ]
-        for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
-            options = {
-                "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
-                "alpha": tf.make_tensor_proto(0.6, tf.float32),
-            }
-            inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
-        rows = len(batch)
-        for top_k in (0, 10):  # sampling with and without the sorting branch
-            settings = {
-                "temperature": tf.make_tensor_proto([1.0] * rows, tf.float32),
-                "top_k": tf.make_tensor_proto([top_k] * rows, tf.int32),
-                "top_p": tf.make_tensor_proto([1.0] * rows, tf.float32),
-                "seed": tf.make_tensor_proto(list(range(rows)), tf.int64),
-            }
-            inputs.append(("sample", {SIGNATURE_INPUT: sentences, **settings}))
-        # Controls off, then each on (greedy or beam is the export's).
-        for value in (NEUTRAL, WARMUP_CONTROLS):
-            controls = {
-                name: tf.make_tensor_proto([setting] * rows, CONTROLS[name][0])
-                for name, setting in value.items()
-            }
-            inputs.append(("controlled", {SIGNATURE_INPUT: sentences, **controls}))
-    logs = []
-    for signature, tensors in inputs:
-        request = predict_pb2.PredictRequest(
-            model_spec=model_pb2.ModelSpec(name=name, signature_name=signature)
-        )
-        for key, proto in tensors.items():
-            request.inputs[key].CopyFrom(proto)
-        logs.append(prediction_log_pb2.PredictionLog(predict_log={"request": request}))
-    return logs
-
-
-def write_warmup_requests(saved_model_dir):
-    """Writes `assets.extra/tf_serving_warmup_requests` into a SavedModel folder.
-
-    TF Serving replays these requests when it loads the version, before it
-    serves it, so no client pays for initializing a signature's graph.
-
-    Returns:
-        str, the file written.
-    """
-    folder = os.path.join(saved_model_dir, "assets.extra")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "tf_serving_warmup_requests")
-    with tf.io.TFRecordWriter(path) as writer:
-        for log in warmup_requests():
-            writer.write(log.SerializeToString())
-    return path
-
-
 def _space_message(base_dir, needed, what):
     return (
         f"{base_dir}: {what}: the export needs about {needed / 2**20:.0f} MiB and "
@@ -441,7 +352,7 @@ def _space_message(base_dir, needed, what):
     )
 
 
-def export(translator, base_dir, version=None):
+def export(translator, base_dir, version=None, batching=False):
     """Writes `translator` to `base_dir/VERSION/`, atomically.
 
     The SavedModel is written to a hidden staging folder beside the versions
@@ -455,6 +366,9 @@ def export(translator, base_dir, version=None):
         translator: a `Translator`.
         base_dir: str, the model's folder, e.g. `saved_models/default`.
         version: int or None, defaults to `next_version(base_dir)`.
+        batching: bool, the version is for TF Serving's `--enable_batching`:
+            its warm-up requests leave out `translate`, which the batcher
+            refuses (see `pipelines.serving.warmup`).
 
     Returns:
         str, the version's folder.
@@ -464,6 +378,8 @@ def export(translator, base_dir, version=None):
             space than the export needs (checked before writing, and
             caught while writing).
     """
+    from pipelines.serving.warmup import write_warmup_requests  # it imports this module
+
     check_version(base_dir, version)
     needed = translator.estimated_bytes()
     if free_bytes(base_dir) < needed:  # before anything is written
@@ -472,7 +388,7 @@ def export(translator, base_dir, version=None):
     try:
         try:
             tf.saved_model.save(translator, staging, signatures=translator.signatures())
-            write_warmup_requests(staging)
+            write_warmup_requests(staging, batching)
             write_json(os.path.join(staging, SETTINGS_FILE), dict(translator.search_settings))
         except (tf.errors.ResourceExhaustedError, OSError) as error:
             full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)

@@ -72,6 +72,8 @@ def search(
     arguments = (model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop)
     if controls is None:
         return _search(*arguments, options)
+    from pipelines.serving.controls import controls_on  # it imports this module
+
     return tf.cond(
         controls_on(controls),
         lambda: _search(*arguments, {**options, **controls}),
@@ -104,24 +106,6 @@ def _search(model, source_ids, beam_size, alpha, num_hypotheses, use_cache, earl
     if isinstance(beam_size, int):
         return greedy() if beam_size == 1 else beam()
     return tf.cond(tf.equal(beam_size, 1), greedy, beam)
-
-
-def controls_on(controls):
-    """Whether any sentence has a decoding control on (a bool scalar).
-
-    Args:
-        controls: dict of `(B,)` settings and `banned_tokens` `(B, N, L)`, as
-            `controls.control_tensors` returns them.
-    """
-    on = [
-        tf.reduce_any(controls["no_repeat_ngram_size"] > 0),
-        tf.reduce_any(controls["repetition_penalty"] != 1.0),
-        tf.reduce_any(controls["min_length"] > 0),
-        tf.reduce_any(controls["max_length"] > 0),
-        tf.reduce_any(controls["disable_unk"]),
-        tf.reduce_any(controls["banned_tokens"] >= 0),
-    ]
-    return tf.reduce_any(tf.stack(on))
 
 
 def encode(tokenizer, sentences, eos_id, max_source_length=None):

@@ -18,9 +18,8 @@ from pipelines.commands import translate as translate_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.serving.client import export_settings
 from pipelines.serving.quantization import quantized
-from pipelines.serving.saved_model import Translator, export
 from pipelines.serving.translation import encode
-from tests.pipelines.conftest import shared_data, tiny_translation_model
+from tests.pipelines.conftest import shared_data
 from tests.pipelines.serving.test_saved_model import (
     ENV,
     HERE,
@@ -29,21 +28,13 @@ from tests.pipelines.serving.test_saved_model import (
     graph_ops,
     keras_beam_search,
     read_ops,
+    tiny_export,
 )
 
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("int8")
-    model, spm_path = tiny_translation_model(
-        root, 150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
-    )
-    translator = Translator(
-        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3,
-        chunk_size=3, quantize="int8",
-    )  # fmt: skip
-    path = export(translator, str(root / "saved_models" / "tiny"))
-    return translator, model, spm_path, path
+    return tiny_export(tmp_path_factory.mktemp("int8"), quantize="int8")
 
 
 def test_a_bare_tensorflow_serves_every_signature_as_the_int8_keras_search(int8_export, tmp_path):

@@ -15,10 +15,11 @@ from pipelines.commands import export as export_command
 from pipelines.commands import translate as translate_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
-from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors
+from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, controls_on
 from pipelines.serving.saved_model import Translator, export
-from pipelines.serving.translation import controls_on, decode, encode
+from pipelines.serving.translation import decode, encode
 from pipelines.serving.versions import next_version
+from pipelines.serving.warmup import batcher_accepts
 from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -29,17 +30,26 @@ INPUTS = [b"Monday, March 3, 2014", b"4:08 PM", b"", b"   ", LONG.encode(), INVA
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export")
+def tiny_export(root, quantize=None):
+    """A tiny untrained model exported with beam 4, 3 hypotheses, chunks of 3 sentences.
+
+    Returns:
+        `(translator, model, sentencepiece_path, version_path)`.
+    """
     model, spm_path = tiny_translation_model(
         root, 150, num_layers=1, hidden_dim=32, intermediate_dim=64, num_heads=2
     )
     translator = Translator(
-        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3, chunk_size=3
-    )
+        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3,
+        chunk_size=3, quantize=quantize,
+    )  # fmt: skip
     path = export(translator, str(root / "saved_models" / "tiny"))
     return translator, model, spm_path, path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return tiny_export(tmp_path_factory.mktemp("export"))
 
 
 def keras_beam_search(translator, model, sentences):
@@ -575,26 +585,48 @@ def test_score_command_writes_the_signatures_scores_line_by_line(exported, tmp_p
 
 def test_the_export_carries_warm_up_requests_for_every_signature(exported):
     """TF Serving replays assets.extra/tf_serving_warmup_requests; each must run."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
     path = exported[3]
-    records = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
-    logs = [
-        prediction_log_pb2.PredictionLog.FromString(record.numpy())
-        for record in tf.data.TFRecordDataset(records)
-    ]
+    requests = read_warmup(path)
     signatures = tf.saved_model.load(path).signatures
-    names = [log.predict_log.request.model_spec.signature_name for log in logs]
+    names = [request.model_spec.signature_name for request in requests]
     assert sorted(set(names)) == sorted(signatures) and names.count("translate") == 4
     assert names.count("sample") == 4 and names.count("controlled") == 4
-    for log in logs:
-        request = log.predict_log.request
+    for request in requests:
         signature = signatures[request.model_spec.signature_name]
         inputs = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in request.inputs.items()}
         outputs = signature(**inputs)
         rows = int(tf.shape(inputs.get("inputs", inputs.get("sources")))[0])
         assert rows > 1
         assert all(int(tf.shape(value)[0]) == rows for value in outputs.values())
+
+
+def read_warmup(path):
+    """The warm-up `PredictRequest`s of an export, in order."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    records = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
+    return [
+        prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        for record in tf.data.TFRecordDataset(records)
+    ]
+
+
+def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(exported, tmp_path):
+    """TF Serving replays warm-up through the batcher (`--enable_batching`); a refusal fails it."""
+    scalar = tf.make_tensor_proto(4, tf.int32)
+    rows = tf.make_tensor_proto(["a", "b"], tf.string)
+    assert batcher_accepts({"inputs": rows, "top_k": tf.make_tensor_proto([1, 2], tf.int32)})
+    assert not batcher_accepts({"inputs": rows, "beam_size": scalar})
+    assert not batcher_accepts({"inputs": rows, "top_k": tf.make_tensor_proto([1], tf.int32)})
+    default = read_warmup(exported[3])
+    refused = {r.model_spec.signature_name for r in default if not batcher_accepts(r.inputs)}
+    assert refused == {"translate"}
+    path = export(exported[0], str(tmp_path / "batched"), batching=True)
+    batched = read_warmup(path)
+    assert all(batcher_accepts(request.inputs) for request in batched)
+    names = {request.model_spec.signature_name for request in batched}
+    assert names == set(tf.saved_model.load(path).signatures) - {"translate"}
+    assert len(batched) == len(default) - 4
 
 
 def test_word_alignments_join_pieces_into_words():

@@ -1,0 +1,125 @@
+"""TF Serving's warm-up requests: what an export asks of each signature before it serves.
+
+TF Serving replays `assets.extra/tf_serving_warmup_requests` when it loads a
+version, and one failed request fails the load: the version never becomes
+AVAILABLE. With `--enable_batching` the requests run through the batcher,
+which refuses inputs without a batch dimension ("input tensors must have at
+least one dimension"), so an export for it (`export(..., batching=True)`,
+`kt export --batching`) leaves out `translate`, whose beam size and alpha are
+scalars; every other signature is batch-major and stays in.
+"""
+
+import os
+
+import tensorflow as tf
+
+from pipelines.serving.controls import CONTROLS, NEUTRAL
+from pipelines.serving.saved_model import SIGNATURE_INPUT
+
+
+def batcher_accepts(inputs):
+    """Whether TF Serving's batcher takes a request: every input `(B, ...)`, one `B` for all.
+
+    Args:
+        inputs: dict of input name to `TensorProto`, as a `PredictRequest`
+            holds them.
+    """
+    shapes = [[dim.size for dim in proto.tensor_shape.dim] for proto in inputs.values()]
+    return all(shapes) and len({shape[0] for shape in shapes}) == 1
+
+
+# Requests TF Serving replays at load (assets.extra/tf_serving_warmup_requests):
+# a small batch, then a batch of many lengths, so that the first real requests
+# find every signature's graph and most of its kernels initialized.
+WARMUP_BATCHES = [
+    ["Hello.", "A short sentence for the warm-up request.", ""],
+    [" ".join(["word"] * length) for length in range(1, 65)],
+]
+
+
+WARMUP_CONTROLS = {
+    "no_repeat_ngram_size": 3, "repetition_penalty": 1.2, "min_length": 2, "max_length": 60,
+    "disable_unk": True, "banned_words": "word\nshort sentence",
+}  # fmt: skip
+
+
+def warmup_requests(name="model", batching=False):
+    """TF Serving warm-up requests: one `PredictionLog` for each signature.
+
+    Args:
+        name: str, the model name the requests carry (TF Serving ignores it
+            while warming up and uses the model being loaded).
+        batching: bool, leave out the requests the batcher refuses
+            (`batcher_accepts`): `translate`'s (see the module docstring).
+
+    Returns:
+        list of `tensorflow_serving.apis.prediction_log_pb2.PredictionLog`.
+    """
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    inputs = []
+    for batch in WARMUP_BATCHES:
+        sentences = tf.make_tensor_proto(batch, tf.string)
+        prefixes = tf.make_tensor_proto([text[:8] for text in batch], tf.string)
+        inputs += [
+            ("serving_default", {SIGNATURE_INPUT: sentences}),
+            ("nbest", {SIGNATURE_INPUT: sentences}),
+            ("score", {"sources": sentences, "targets": sentences}),
+            ("prefix", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
+            ("align", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
+        ]
+        for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
+            options = {
+                "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
+                "alpha": tf.make_tensor_proto(0.6, tf.float32),
+            }
+            inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
+        rows = len(batch)
+        for top_k in (0, 10):  # sampling with and without the sorting branch
+            settings = {
+                "temperature": tf.make_tensor_proto([1.0] * rows, tf.float32),
+                "top_k": tf.make_tensor_proto([top_k] * rows, tf.int32),
+                "top_p": tf.make_tensor_proto([1.0] * rows, tf.float32),
+                "seed": tf.make_tensor_proto(list(range(rows)), tf.int64),
+            }
+            inputs.append(("sample", {SIGNATURE_INPUT: sentences, **settings}))
+        # Controls off, then each on (greedy or beam is the export's).
+        for value in (NEUTRAL, WARMUP_CONTROLS):
+            controls = {
+                name: tf.make_tensor_proto([setting] * rows, CONTROLS[name][0])
+                for name, setting in value.items()
+            }
+            inputs.append(("controlled", {SIGNATURE_INPUT: sentences, **controls}))
+    logs = []
+    for signature, tensors in inputs:
+        if batching and not batcher_accepts(tensors):
+            continue
+        request = predict_pb2.PredictRequest(
+            model_spec=model_pb2.ModelSpec(name=name, signature_name=signature)
+        )
+        for key, proto in tensors.items():
+            request.inputs[key].CopyFrom(proto)
+        logs.append(prediction_log_pb2.PredictionLog(predict_log={"request": request}))
+    return logs
+
+
+def write_warmup_requests(saved_model_dir, batching=False):
+    """Writes `assets.extra/tf_serving_warmup_requests` into a SavedModel folder.
+
+    TF Serving replays these requests when it loads the version, before it
+    serves it, so no client pays for initializing a signature's graph.
+
+    Args:
+        saved_model_dir: str, the SavedModel's folder.
+        batching: bool, requests for `--enable_batching` (`warmup_requests`).
+
+    Returns:
+        str, the file written.
+    """
+    folder = os.path.join(saved_model_dir, "assets.extra")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "tf_serving_warmup_requests")
+    with tf.io.TFRecordWriter(path) as writer:
+        for log in warmup_requests(batching=batching):
+            writer.write(log.SerializeToString())
+    return path

@@ -16,7 +16,6 @@ differ. Writes benchmarks/results/beam_stop_rule.json.
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -27,6 +26,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     read_parallel,
     table,
+    time_cases,
     write_result,
 )
 
@@ -64,15 +64,12 @@ def main(argv=None):
 
     translators = {name: translator(early_stop) for name, early_stop in RULES.items()}
     inputs = tf.constant(sources)
-    for run in translators.values():
-        run(inputs[:8])  # tracing, not timed
-    seconds = {name: [] for name in RULES}
-    outputs = {}
-    for _ in range(args.repeats):
-        for name, run in translators.items():
-            started = time.perf_counter()
-            outputs[name] = [text.decode("utf-8") for text in run(inputs).numpy()]
-            seconds[name].append(time.perf_counter() - started)
+    seconds, outputs = time_cases(
+        lambda name: [text.decode("utf-8") for text in translators[name](inputs).numpy()],
+        list(RULES),
+        args.repeats,
+        warm_up=lambda name: translators[name](inputs[:8]),  # tracing
+    )
     results, rows = {}, []
     for name in RULES:
         bleu = sacrebleu.corpus_bleu(outputs[name], [references]).score

@@ -66,10 +66,10 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def time_cases(run, cases, repeats):
+def time_cases(run, cases, repeats, warm_up=None, after_repeat=None):
     """Times `run(case)` for every case, the cases interleaved.
 
-    Each case runs once untimed first (loading, tracing); then each of
+    Each case is warmed up untimed first (loading, tracing); then each of
     `repeats` repetitions runs every case once, in turn, so a slow spell of
     the machine falls on all cases alike. Quote the median of each case.
 
@@ -77,18 +77,23 @@ def time_cases(run, cases, repeats):
         run: callable, `run(case)` -> the case's output.
         cases: list of hashable cases.
         repeats: int, timed runs of each case.
+        warm_up: callable `warm_up(case)`, or None to run each case once.
+        after_repeat: callable `after_repeat(seconds, outputs)` called after
+            each repetition (to print or save what was measured), or None.
 
     Returns:
         `({case: [seconds]}, {case: output of its last run})`.
     """
     for case in cases:
-        run(case)
+        (warm_up or run)(case)
     seconds, outputs = {case: [] for case in cases}, {}
     for _ in range(repeats):
         for case in cases:
             started = time.perf_counter()
             outputs[case] = run(case)
             seconds[case].append(time.perf_counter() - started)
+        if after_repeat is not None:
+            after_repeat(seconds, outputs)
     return seconds, outputs
 
 

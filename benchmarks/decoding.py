@@ -26,7 +26,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -37,6 +36,7 @@ from benchmarks.common import (  # noqa: E402
     median,
     read_parallel,
     table,
+    time_cases,
     write_result,
 )
 
@@ -201,21 +201,25 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work_dir:
         decoders = build_decoders(args.run_dir, work_dir, args.decoders, args.batch_size)
         cases = [(name, beam) for beam in args.beams for name in decoders]
-        for name, beam in cases:  # tracing and loading, not timed
+
+        def warm_up(case):  # tracing and loading
             # Two batch shapes: the second trace is the shape-generic one.
-            decoders[name](sources[:8], beam, args.alpha)
-            decoders[name](sources[8:13], beam, args.alpha)
-        seconds = {case: [] for case in cases}
-        outputs = {}
-        for repeat in range(args.repeats):
+            decoders[case[0]](sources[:8], case[1], args.alpha)
+            decoders[case[0]](sources[8:13], case[1], args.alpha)
+
+        def after_repeat(seconds, outputs):
             for name, beam in cases:
-                started = time.perf_counter()
-                outputs[name, beam] = decoders[name](sources, beam, args.alpha)
-                seconds[name, beam].append(time.perf_counter() - started)
-                print(f"repeat {repeat}: {name} beam {beam}: "
-                      f"{seconds[name, beam][-1]:.1f} s", flush=True)  # fmt: skip
+                print(f"{name} beam {beam}: {seconds[name, beam][-1]:.1f} s", flush=True)
             # Written after every repeat, so a stopped run keeps what it measured.
             summarize(args, argv, cases, seconds, outputs, sources, references, pieces)
+
+        seconds, outputs = time_cases(
+            lambda case: decoders[case[0]](sources, case[1], args.alpha),
+            cases,
+            args.repeats,
+            warm_up,
+            after_repeat,
+        )
 
     rows, ratios = summarize(args, argv, cases, seconds, outputs, sources, references, pieces)
     print(table(["decoder", "beam", "sentences/s", "target tokens/s", "BLEU"], rows))

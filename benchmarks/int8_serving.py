@@ -25,6 +25,7 @@ request no worse than float32's, at each size. Writes benchmarks/results/int8_se
 
 import argparse
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -102,6 +103,28 @@ def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources):
     return decoders, versions
 
 
+def large_requests(versions, sources, sizes, work_dir):
+    """Each export's memory and time for one request of each size, in a fresh process.
+
+    Args:
+        versions: dict of export name to version folder.
+        sources: list of str, repeated to fill a request.
+        sizes: list of int, sentences a request.
+        work_dir: str, where the requests' sentences are written.
+
+    Returns:
+        `{name: {size: request_size.run_client's report}}`.
+    """
+    memory = {name: {} for name in versions}
+    for size in sizes:
+        path = os.path.join(work_dir, f"large_{size}.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump([sources[i % len(sources)] for i in range(size)], handle)
+        for name, version in versions.items():
+            memory[name][size] = run_client(version, path, size)
+    return memory
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="a training output folder")
@@ -116,8 +139,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sources, references = read_parallel(parser, args, "test_2016_flickr")
 
-    import json
-
     import sacrebleu
 
     model, max_length = load_run(args.run_dir)
@@ -128,13 +149,7 @@ def main(argv=None):
         )
         cases = [(name, beam) for beam in args.beams for name in decoders]
         seconds, outputs = time_cases(lambda case: decoders[case[0]](case[1]), cases, args.repeats)
-        memory = {name: {} for name in versions}
-        for size in args.large:
-            large_path = os.path.join(work_dir, f"large_{size}.json")
-            with open(large_path, "w", encoding="utf-8") as handle:
-                json.dump([sources[i % len(sources)] for i in range(size)], handle)
-            for name, version in versions.items():
-                memory[name][size] = run_client(version, large_path, size)
+        memory = large_requests(versions, sources, args.large, work_dir)
         sizes = {name: folder_bytes(version) for name, version in versions.items()}
 
     results, rows = {}, []

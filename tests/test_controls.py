@@ -119,6 +119,41 @@ def search_options():
     return [(True, None), (False, None)] + ([(True, False)] if dynamic else [(True, True)])
 
 
+def test_apply_controls_cuts_each_row_as_the_rules_say(model):  # noqa: F811
+    """Tokens produced twice, and positions not yet decoded holding -2, -1 or ids past V."""
+    from keras_transformer.decoding.controls import apply_controls, check_controls
+    from keras_transformer.decoding.steps import IMPOSSIBLE
+
+    rng = np.random.default_rng(3)
+    logits = (3 * rng.normal(size=(3, VOCABULARY))).astype("float32")
+    index = 6
+    history = np.array(
+        [[4, 5, 4, 5, 4, 7, -2, 0, 15],
+         [6, 6, 6, 8, 9, 6, 3, -1, 3],
+         [10, 11, 10, 11, 10, 5, 99, -1, 4]], "int32",
+    )  # fmt: skip
+    rules = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2, "min_length": 8,
+             "disable_unk": True, "banned_tokens": [7, [11, 10], [4, 12]]}  # fmt: skip
+    cut = apply_controls(
+        model,
+        keras.ops.convert_to_tensor(logits),
+        keras.ops.convert_to_tensor(history),
+        keras.ops.convert_to_tensor(index, "int32"),
+        keras.ops.arange(3, dtype="int32"),
+        check_controls(**rules),
+    )
+    cut = to_numpy(cut)
+    for row in range(3):
+        output = [int(t) for t in history[row, :index]]
+        expected = numpy_cut(logits[row].astype("float64"), output, rules, model.unk_id)
+        banned = np.isinf(expected)
+        np.testing.assert_array_equal(cut[row] == IMPOSSIBLE, banned)
+        np.testing.assert_allclose(cut[row][~banned], expected[~banned], rtol=1e-6)
+        penalized = sorted(set(output) - set(np.flatnonzero(banned)))
+        assert penalized and not np.allclose(cut[row][penalized], logits[row][penalized])
+        assert banned.sum() >= 3  # EOS (min_length), unk, 7, and the n-gram's
+
+
 @pytest.mark.parametrize("name", CONTROLS + ["min_length", "all ending"])
 def test_greedy_search_applies_each_control_as_the_numpy_rule(model, ending_model, name):  # noqa: F811
     if name in ("min_length", "all ending"):

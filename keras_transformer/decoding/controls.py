@@ -33,7 +33,6 @@ import numbers
 
 import numpy as np
 from keras import ops
-from keras.backend import standardize_dtype
 
 from keras_transformer.decoding.steps import IMPOSSIBLE
 
@@ -222,11 +221,12 @@ def _banned_sequence_ends(history, index, sequences):
 def apply_controls(model, logits, history, index, row_sentences, controls):
     """A step's logits `(R, V)` cut by the controls (see the module docstring).
 
-    The cuts touch only the cells they change: the penalty gathers the logits
+    The cuts write only the cells they change: the penalty gathers the logits
     of the `(R, T)` tokens produced and scatters them back rescaled, and every
     ban (repeated n-grams, `min_length`, `disable_unk`, banned sequences) goes
-    into one scatter of `IMPOSSIBLE`, so the cost grows with the output's
-    length, not with the vocabulary.
+    into one scatter of `IMPOSSIBLE`. Beyond those, a step copies the `(R, V)`
+    logits a few times (into a scratch column and out, and a scatter's copy
+    where the backend makes one), and builds no `(R, V)` mask.
 
     Args:
         model: the model searched (its `eos_id`, `unk_id`).
@@ -241,8 +241,10 @@ def apply_controls(model, logits, history, index, row_sentences, controls):
     Returns:
         float32 `(R, V)` logits: penalized, banned tokens `IMPOSSIBLE`.
     """
+    logits = ops.cast(logits, "float32")
     rows, vocabulary_size = ops.shape(logits)[0], ops.shape(logits)[-1]
-    # Column V receives the cells not wanted; it is dropped at the end.
+    # Column V, a scratch column, receives the cells not wanted: whatever
+    # their writes leave there is dropped at the end.
     cut = ops.concatenate([logits, ops.zeros_like(logits[:, :1])], axis=1)
     if "repetition_penalty" in controls:
         positions = ops.arange(ops.shape(history)[1], dtype="int32")[None]  # (1, T)
@@ -251,7 +253,8 @@ def apply_controls(model, logits, history, index, row_sentences, controls):
         values = ops.take_along_axis(logits, tokens, axis=1)  # (R, T)
         penalty = _per_row(controls["repetition_penalty"], row_sentences, "float32")[:, None]
         values = ops.where(values < 0, values * penalty, values / penalty)
-        # A token produced twice gets the same value twice: the order of writes is moot.
+        # A token produced twice gets the same value twice, so the order of writes to
+        # a cell does not matter (outside the scratch column).
         cells = _cells(history, produced, vocabulary_size)
         cut = ops.scatter_update(cut, cells, ops.reshape(values, (-1,)))
     banned = []  # int (R, M) each: ids to ban, -1 for none
@@ -277,8 +280,6 @@ def apply_controls(model, logits, history, index, row_sentences, controls):
     if banned:
         ids = ops.concatenate([ops.cast(ids, "int32") for ids in banned], axis=1)  # (R, M)
         cells = _cells(ids, ids >= 0, vocabulary_size)
-        impossible = ops.full(
-            (ops.shape(cells)[0],), IMPOSSIBLE, dtype=standardize_dtype(logits.dtype)
-        )
+        impossible = ops.full((ops.shape(cells)[0],), IMPOSSIBLE, dtype="float32")
         cut = ops.scatter_update(cut, cells, impossible)
     return cut[:, :vocabulary_size]

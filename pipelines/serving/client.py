@@ -13,6 +13,8 @@ import tensorflow_text  # noqa: F401  registers the SentencePiece ops the SavedM
 from pipelines.errors import ExportError
 from pipelines.serving.versions import broken_version_message, resolve_version
 
+# The sentences' input name in every signature.
+SIGNATURE_INPUT = "inputs"
 # Where an export records its search settings (beside TF Serving's warm-up file).
 SETTINGS_FILE = os.path.join("assets.extra", "keras_transformer.json")
 # What exports made before SETTINGS_FILE searched with.
@@ -103,7 +105,9 @@ def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):
             for name, (values, dtype) in rows.items()
         }
         outputs = signature(
-            inputs=tf.constant([lines[i] for i in batch], tf.string), **inputs, **scalars
+            **{SIGNATURE_INPUT: tf.constant([lines[i] for i in batch], tf.string)},
+            **inputs,
+            **scalars,
         )
         for name, values in outputs.items():
             column = results.setdefault(name, [None] * len(lines))

@@ -12,7 +12,7 @@ a sentence).
 
 import tensorflow as tf
 
-from pipelines.serving.translation import check_rows, refuse_rows
+from pipelines.serving.rows import check_rows, refuse_rows
 
 # Each control's input: dtype, and the value that turns it off.
 CONTROLS = {
@@ -37,6 +37,9 @@ def controls_on(tensors):
     Args:
         tensors: dict of `(B,)` settings and `banned_tokens` `(B, N, L)`, as
             `control_tensors` returns them.
+
+    Returns:
+        bool scalar tensor.
     """
     on = [tf.reduce_any(tensors["banned_tokens"] >= 0)]  # -1 pads: no word banned
     for name, (_, neutral) in CONTROLS.items():

@@ -60,21 +60,20 @@ from pipelines.data.tokenizer import Sides, check_special_ids, sides
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import free_bytes, staging_folder, write_json
-from pipelines.serving.client import SETTINGS_FILE
+from pipelines.serving.client import SETTINGS_FILE, SIGNATURE_INPUT
 from pipelines.serving.controls import CONTROLS, control_specs, control_tensors
 from pipelines.serving.quantization import quantized
+from pipelines.serving.rows import check_rows
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
-    check_rows,
     sample_strings,
     score_strings,
     translate_strings,
 )
 from pipelines.serving.versions import check_version, next_version
+from pipelines.serving.warmup import write_warmup_requests
 from pipelines.training.checkpoints import with_dtype_policy
-
-SIGNATURE_INPUT = "inputs"
 
 
 class Translator(tf.Module):
@@ -378,8 +377,6 @@ def export(translator, base_dir, version=None, batching=False):
             space than the export needs (checked before writing, and
             caught while writing).
     """
-    from pipelines.serving.warmup import write_warmup_requests  # it imports this module
-
     check_version(base_dir, version)
     needed = translator.estimated_bytes()
     if free_bytes(base_dir) < needed:  # before anything is written

@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
 from pipelines.data.tokenizer import sides
+from pipelines.serving.controls import controls_on
+from pipelines.serving.rows import check_rows, refuse_rows
 
 # Target pieces a sentence may produce beyond its source pieces by default
 # (section 6.1: input length + 50); a parser's run sets its own (`extra_length`).
@@ -72,8 +74,6 @@ def search(
     arguments = (model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop)
     if controls is None:
         return _search(*arguments, options)
-    from pipelines.serving.controls import controls_on  # it imports this module
-
     return tf.cond(
         controls_on(controls),
         lambda: _search(*arguments, {**options, **controls}),
@@ -279,20 +279,6 @@ def blank_sentences(sentences):
         bool `(B,)`.
     """
     return tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
-
-
-def check_rows(inputs, **others):
-    """Fails a request whose tensors `others` are not shaped like `inputs` `(B,)`, one row each."""
-    for name, tensor in others.items():
-        tf.debugging.assert_equal(
-            tf.shape(tensor), tf.shape(inputs), message=f"one {name} row per input sentence"
-        )
-
-
-def refuse_rows(bad, message):
-    """Fails the request, naming the rows where `bad` `(B,)` holds, if any does."""
-    rows = tf.where(bad)[:, 0]
-    tf.debugging.Assert(tf.equal(tf.size(rows), 0), [message, rows], summarize=20)
 
 
 def _most(counts):

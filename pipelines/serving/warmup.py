@@ -13,8 +13,11 @@ import os
 
 import tensorflow as tf
 
+from pipelines.serving.client import SIGNATURE_INPUT
 from pipelines.serving.controls import CONTROLS, NEUTRAL
-from pipelines.serving.saved_model import SIGNATURE_INPUT
+
+# Where TF Serving looks for them in a version's folder.
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
 def batcher_accepts(inputs):
@@ -23,6 +26,9 @@ def batcher_accepts(inputs):
     Args:
         inputs: dict of input name to `TensorProto`, as a `PredictRequest`
             holds them.
+
+    Returns:
+        bool.
     """
     shapes = [[dim.size for dim in proto.tensor_shape.dim] for proto in inputs.values()]
     return all(shapes) and len({shape[0] for shape in shapes}) == 1
@@ -116,10 +122,24 @@ def write_warmup_requests(saved_model_dir, batching=False):
     Returns:
         str, the file written.
     """
-    folder = os.path.join(saved_model_dir, "assets.extra")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "tf_serving_warmup_requests")
+    path = os.path.join(saved_model_dir, WARMUP_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for log in warmup_requests(batching=batching):
             writer.write(log.SerializeToString())
     return path
+
+
+def read_warmup_requests(saved_model_dir):
+    """The warm-up requests of an export, in order.
+
+    Returns:
+        list of `tensorflow_serving.apis.predict_pb2.PredictRequest`.
+    """
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(saved_model_dir, WARMUP_FILE)
+    return [
+        prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        for record in tf.data.TFRecordDataset(path)
+    ]

@@ -168,8 +168,24 @@ def test_int8_serving_smoke(tiny_run, tmp_path):
     for name in exports:
         assert sorted(result["large_requests"][name]) == ["16", "32"]
         for report in result["large_requests"][name].values():
-            assert report["peak_kib"] >= report["loaded_kib"] > 0
+            assert report["loaded_kib"] > 0 and report["seconds"] > 0
         assert result["export_bytes"][name] > 0
+
+
+def test_time_cases_warms_up_then_interleaves_the_cases_each_repeat():
+    calls, repeats = [], []
+    seconds, outputs = common.time_cases(
+        lambda case: calls.append(("run", case)) or f"out {case} {len(calls)}",
+        ["a", "b"],
+        3,
+        warm_up=lambda case: calls.append(("warm", case)),
+        after_repeat=lambda seconds, outputs: repeats.append(len(seconds["b"])),
+    )
+    assert calls == [("warm", "a"), ("warm", "b")] + [("run", "a"), ("run", "b")] * 3
+    assert repeats == [1, 2, 3]
+    assert {case: len(times) for case, times in seconds.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for times in seconds.values() for t in times)
+    assert outputs == {"a": "out a 7", "b": "out b 8"}  # the last run's
 
 
 def test_length_sorted_batches_cut_the_graphs_order():

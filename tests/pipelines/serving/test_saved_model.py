@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, contr
 from pipelines.serving.saved_model import Translator, export
 from pipelines.serving.translation import decode, encode
 from pipelines.serving.versions import next_version
-from pipelines.serving.warmup import batcher_accepts
+from pipelines.serving.warmup import batcher_accepts, read_warmup_requests
 from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -586,7 +587,7 @@ def test_score_command_writes_the_signatures_scores_line_by_line(exported, tmp_p
 def test_the_export_carries_warm_up_requests_for_every_signature(exported):
     """TF Serving replays assets.extra/tf_serving_warmup_requests; each must run."""
     path = exported[3]
-    requests = read_warmup(path)
+    requests = read_warmup_requests(path)
     signatures = tf.saved_model.load(path).signatures
     names = [request.model_spec.signature_name for request in requests]
     assert sorted(set(names)) == sorted(signatures) and names.count("translate") == 4
@@ -600,33 +601,29 @@ def test_the_export_carries_warm_up_requests_for_every_signature(exported):
         assert all(int(tf.shape(value)[0]) == rows for value in outputs.values())
 
 
-def read_warmup(path):
-    """The warm-up `PredictRequest`s of an export, in order."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    records = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
-    return [
-        prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
-        for record in tf.data.TFRecordDataset(records)
-    ]
-
-
 def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(exported, tmp_path):
     """TF Serving replays warm-up through the batcher (`--enable_batching`); a refusal fails it."""
+    _, model, spm_path, path = exported
     scalar = tf.make_tensor_proto(4, tf.int32)
     rows = tf.make_tensor_proto(["a", "b"], tf.string)
     assert batcher_accepts({"inputs": rows, "top_k": tf.make_tensor_proto([1, 2], tf.int32)})
     assert not batcher_accepts({"inputs": rows, "beam_size": scalar})
     assert not batcher_accepts({"inputs": rows, "top_k": tf.make_tensor_proto([1], tf.int32)})
-    default = read_warmup(exported[3])
+    default = read_warmup_requests(path)
     refused = {r.model_spec.signature_name for r in default if not batcher_accepts(r.inputs)}
     assert refused == {"translate"}
-    path = export(exported[0], str(tmp_path / "batched"), batching=True)
-    batched = read_warmup(path)
-    assert all(batcher_accepts(request.inputs) for request in batched)
-    names = {request.model_spec.signature_name for request in batched}
-    assert names == set(tf.saved_model.load(path).signatures) - {"translate"}
-    assert len(batched) == len(default) - 4
+    run = tmp_path / "run"
+    run.mkdir()
+    model.save(run / "model.keras")
+    shutil.copy(spm_path, run / "sentencepiece.model")
+    argv = ["--run-dir", str(run), "--max-source-length", str(MAX_SOURCE_LENGTH),
+            "--base", str(tmp_path), "--name", "batched", "--batching"]  # fmt: skip
+    assert export_command.main(argv) == 0
+    batched = read_warmup_requests(str(tmp_path / "batched" / "1"))
+    # The default's requests, `translate`'s left out, byte for byte.
+    kept = [r for r in default if r.model_spec.signature_name != "translate"]
+    assert [r.SerializeToString() for r in batched] == [r.SerializeToString() for r in kept]
+    assert len(kept) == len(default) - 4
 
 
 def test_word_alignments_join_pieces_into_words():
@@ -647,7 +644,6 @@ def write_lines(path, lines):
 def test_translate_command_keeps_the_exports_setting_of_the_flag_not_given(
     exported, tmp_path, monkeypatch
 ):
-    import shutil
 
     from pipelines import cli
     from pipelines.serving import client

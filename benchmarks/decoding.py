@@ -209,7 +209,8 @@ def main(argv=None):
 
         def after_repeat(seconds, outputs):
             for name, beam in cases:
-                print(f"{name} beam {beam}: {seconds[name, beam][-1]:.1f} s", flush=True)
+                times = seconds[name, beam]
+                print(f"repeat {len(times) - 1}: {name} beam {beam}: {times[-1]:.1f} s", flush=True)
             # Written after every repeat, so a stopped run keeps what it measured.
             summarize(args, argv, cases, seconds, outputs, sources, references, pieces)
 

@@ -30,19 +30,19 @@ from benchmarks.common import (  # noqa: E402
     table,
     write_result,
 )
+from pipelines.serving.warmup import WARMUP_FILE  # noqa: E402
 
 CLIENT = """
-import json, os, sys, time
+import json, sys, time
 import tensorflow as tf
 import tensorflow_text  # noqa: F401
 from tensorflow_serving.apis import prediction_log_pb2
 
-path, sentences_path, replay = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+path, sentences_path, records = sys.argv[1], sys.argv[2], sys.argv[3]
 with open(sentences_path, encoding="utf-8") as handle:
     sentences = json.load(handle)
 signatures = tf.saved_model.load(path).signatures
-if replay:
-    records = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
+if records:  # the warm-up file, replayed as TF Serving does
     for record in tf.data.TFRecordDataset(records):
         request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
         inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
@@ -59,7 +59,8 @@ print(json.dumps(seconds))
 def run_client(path, sentences_path, replay):
     """Ten request times from a fresh process; `replay` warms it up first."""
     result = subprocess.run(
-        [sys.executable, "-c", CLIENT, path, sentences_path, "1" if replay else "0"],
+        [sys.executable, "-c", CLIENT, path, sentences_path,
+         os.path.join(path, WARMUP_FILE) if replay else ""],
         capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
         check=False,
     )  # fmt: skip

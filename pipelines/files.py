@@ -188,20 +188,34 @@ def _running(pid):
     return True
 
 
+# The lock file a run folder's writer holds (`run_folder_lock`).
+RUN_LOCK = "run.lock"
+
+
+def run_folder_lock(folder, flag):
+    """`output_lock` on a run folder: held by `kt train`, `kt import` and `kt average` in it."""
+    return output_lock(folder, flag, os.path.join(folder, RUN_LOCK))
+
+
 @contextlib.contextmanager
-def output_lock(path, flag):
+def output_lock(path, flag, lock_path=None):
     """Holds `PATH.lock` while a command writes `path`; refuses a second writer at once.
 
     The lock is the kernel's (`flock`): a killed run's lock is released (its
     file may stay, and the next run takes it over); the file holds the
     writer's process id for the message.
 
+    Args:
+        path: str, the file or folder written.
+        flag: str, the argument that named it, for the message.
+        lock_path: str, the lock file (default `PATH.lock`).
+
     Raises:
         ConfigError: another process holds the lock, named by its id.
     """
     import fcntl
 
-    lock_path = f"{path}.lock"
+    lock_path = lock_path or f"{path}.lock"
     while True:
         handle = open(lock_path, "a+", encoding="utf-8")
         try:

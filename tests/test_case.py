@@ -71,15 +71,23 @@ def split_batch(batch, parts):
     return [((cut(source, i), cut(target_input, i)), cut(target_output, i)) for i in range(parts)]
 
 
-def killed_and_resumed(command, cwd, env, backup_file, result_file, timeout=600):
-    """Runs `command`, kills it (SIGKILL) once `backup_file` exists, then runs it again.
+def backed_up_step(backup_dir):
+    """The step of the newest complete backup in a run's `backup/` folder (0: none)."""
+    steps = [int(path.parent.name[len("step-") :]) for path in backup_dir.glob("step-*/state.json")]
+    return max(steps, default=0)
+
+
+def killed_and_resumed(command, cwd, env, backup_dir, result_file, timeout=600, after_step=1):
+    """Runs `command`, kills it (SIGKILL) once it backed up `after_step`, then runs it again.
 
     Args:
-        command: list of str, a training command that writes `backup_file`.
+        command: list of str, a training command that writes backups in `backup_dir`.
         cwd, env: where and with what environment both runs start.
-        backup_file: pathlib.Path, the first run is killed a second after it appears.
+        backup_dir: pathlib.Path, the run's `backup/` folder; the first run is
+            killed a second after a backup of `after_step` or later appears.
         result_file: pathlib.Path, what only a finished run writes: absent after the kill.
         timeout: float, seconds the second run may take.
+        after_step: int, the step the first run backs up before the kill.
 
     Returns:
         the second run's `subprocess.CompletedProcess` (text output captured).
@@ -88,7 +96,9 @@ def killed_and_resumed(command, cwd, env, backup_file, result_file, timeout=600)
         command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 240
-    while not backup_file.exists() and first.poll() is None and time.time() < deadline:
+    while (
+        backed_up_step(backup_dir) < after_step and first.poll() is None and time.time() < deadline
+    ):
         time.sleep(0.2)
     time.sleep(1.0)
     assert first.poll() is None, "the run ended before it could be killed"

@@ -1,7 +1,6 @@
-"""Checkpoints: loading, averaging (section 6.1) and repairing a killed run's backup."""
+"""Checkpoints: loading, listing and averaging them (section 6.1)."""
 
 import glob
-import json
 import logging
 import math
 import os
@@ -123,11 +122,12 @@ def average_checkpoints(paths, output_path):
 
 
 def epoch_checkpoints(checkpoint_dir):
-    """A run's epoch checkpoints, `epoch-N.keras`, oldest first.
+    """A run's checkpoints, oldest first: `epoch-N.keras` by N, then `step-N.keras` by N.
 
     Ordered by N, not by name: names are padded to three digits, so a run of
     more than 999 epochs has `epoch-1000.keras` after `epoch-999.keras`,
-    where a name sort would put it among the first.
+    where a name sort would put it among the first. A run writes one kind:
+    epoch checkpoints, or with `checkpoint_minutes` checkpoints named by step.
 
     Args:
         checkpoint_dir: str, the run's `checkpoints` folder.
@@ -136,11 +136,12 @@ def epoch_checkpoints(checkpoint_dir):
         list of str paths.
     """
     numbered = []
-    for path in glob.glob(os.path.join(checkpoint_dir, "epoch-*.keras")):
-        number = os.path.basename(path)[len("epoch-") : -len(".keras")]
-        if number.isdigit():
-            numbered.append((int(number), path))
-    return [path for _, path in sorted(numbered)]
+    for kind, prefix in enumerate(("epoch-", "step-")):
+        for path in glob.glob(os.path.join(checkpoint_dir, f"{prefix}*.keras")):
+            number = os.path.basename(path)[len(prefix) : -len(".keras")]
+            if number.isdigit():
+                numbered.append((kind, int(number), path))
+    return [path for _, _, path in sorted(numbered)]
 
 
 def checkpoints_to_average(checkpoints, output):
@@ -160,54 +161,3 @@ def checkpoints_to_average(checkpoints, output):
     share = round(output.average_share * len(checkpoints), 6)  # 0.28 * 25 is 7.000000000000001
     count = max(output.average_last, math.ceil(share))
     return checkpoints[-count:]
-
-
-def _readable(path, check):
-    try:
-        check(path)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-def _check_json(path):
-    with open(path, encoding="utf-8") as handle:
-        json.load(handle)
-
-
-def _check_h5(path):
-    import h5py
-
-    h5py.File(path, "r").close()
-
-
-def repair_backup(backup_dir):
-    """Drops backup files a kill left half-written, so BackupAndRestore can load.
-
-    With `double_checkpoint=True` the previous backup survives as `*.bkp`; a
-    half-written latest file is replaced by it. Without any complete backup the
-    run starts from scratch (and says so).
-
-    Args:
-        backup_dir: str, the `backup/` folder of a run.
-
-    Returns:
-        str: "intact", "repaired" (a previous copy was restored) or "cleared".
-    """
-    status = "intact"
-    weights = os.path.join(backup_dir, "latest.weights.h5")
-    metadata = os.path.join(backup_dir, "training_metadata.json")
-    for path, check in ((weights, _check_h5), (metadata, _check_json)):
-        if not os.path.exists(path) or _readable(path, check):
-            continue
-        previous = path + ".bkp"
-        if os.path.exists(previous) and _readable(previous, check):
-            logger.warning("%s is incomplete; using the previous backup", path)
-            os.replace(previous, path)
-            status = "repaired"
-        else:
-            logger.warning("%s is incomplete and has no previous copy; starting anew", path)
-            for name in os.listdir(backup_dir):
-                os.remove(os.path.join(backup_dir, name))
-            return "cleared"
-    return status

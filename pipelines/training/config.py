@@ -146,7 +146,9 @@ class OptimizationConfig:
     steps: int | None = setting(
         10000, "optimizer steps; null with max_minutes: as many as fit", low=1
     )
-    steps_per_epoch: int = setting(1000, "steps between checkpoints and validation", low=1)
+    steps_per_epoch: int = setting(
+        1000, "steps between validations (and checkpoints, without checkpoint_minutes)", low=1
+    )
     warmup_steps: int = setting(4000, "warm-up steps of eq. (3)", low=1)
     learning_rate_scale: float = setting(1.0, "multiplier on eq. (3)", above=0.0)
     cooldown: float = setting(
@@ -159,6 +161,12 @@ class OptimizationConfig:
     )
     xla: bool = setting(False, "compile the train step with XLA")
     seed: int = setting(0, "random seed of data order, initialization and dropout", low=0)
+    ema: float | None = setting(
+        None,
+        "decay of an exponential moving average of the weights (0.9999; null: none)",
+        above=0.0,
+        below=1.0,
+    )
 
 
 @dataclasses.dataclass
@@ -175,8 +183,32 @@ class OutputConfig:
 
     output_dir: str = setting("runs/default", "the run's folder")
     backup_every: int = setting(100, "steps between resumable backups", low=1)
-    early_stopping_patience: int | None = setting(None, "epochs without a better val_loss", low=1)
-    average_last: int = setting(1, "epoch checkpoints averaged into model.keras", low=1)
+    checkpoint_minutes: float | None = setting(
+        None, "minutes between checkpoints (the paper's 10; null: one each epoch)", above=0.0
+    )
+    keep_checkpoints: int | None = setting(
+        None, "checkpoints kept (those averaging reads and the best kept too; null: all)", low=1
+    )
+    validation_sentences: int = setting(
+        0, "validation sentences decoded for BLEU and chrF at each epoch's end (0: none)", low=0
+    )
+    validation_beam: int = setting(1, "beam size of that decode (1: greedy)", low=1)
+    metric: str = setting(
+        "loss",
+        "the validation score that picks the best checkpoint and stops early",
+        choices=("loss", "bleu", "chrf"),
+    )
+    min_improvement: float = setting(0.0, "a smaller gain in metric is no improvement", low=0.0)
+    early_stopping_patience: int | None = setting(
+        None, "validations without a better metric before the run stops", low=1
+    )
+    select: str = setting(
+        "average",
+        "what model.keras holds: the average of the last checkpoints, the best "
+        "checkpoint by metric, or the moving average (ema)",
+        choices=("average", "best", "ema"),
+    )
+    average_last: int = setting(1, "checkpoints averaged into model.keras", low=1)
     average_share: float = setting(0.0, "or this share of them, if more", low=0.0, high=1.0)
     heldout_split: str = setting(
         "test",
@@ -392,6 +424,18 @@ def validate(config):
         raise ConfigError(
             f"max_minutes must be more than reserve_minutes ({budget.reserve_minutes}). "
             f"Received: max_minutes={budget.max_minutes}"
+        )
+    output = config.output
+    if output.metric != "loss" and not output.validation_sentences:
+        raise ConfigError(
+            f"metric {output.metric} needs validation_sentences (--validation-sentences 500)"
+        )
+    if output.select == "ema" and not optimization.ema:
+        raise ConfigError("select ema needs optimization.ema (--ema 0.9999)")
+    if output.keep_checkpoints and output.average_share:
+        raise ConfigError(
+            "average_share counts every checkpoint, which keep_checkpoints removes: "
+            "set average_last instead"
         )
     if config.batching.batch_tokens < config.batching.max_length:
         raise ConfigError(

@@ -98,3 +98,41 @@ def heldout_scores(config, out_dir, model, evaluation, split):
         for (s, t), h in list(zip(evaluation, hypotheses, strict=True))[:5]
     ]
     return result
+
+
+def validation_scorer(config, out_dir, validation_pairs):
+    """A function scoring the model on the first `output.validation_sentences` validation pairs.
+
+    The run's validation decode: greedy (or `output.validation_beam`, with
+    the export's `alpha`), sacreBLEU's BLEU and chrF against the references.
+
+    Args:
+        config: the run's `TrainConfig`.
+        out_dir: str, the run's folder (with its `sentencepiece.model`).
+        validation_pairs: list of `(source, target)` str pairs, or None.
+
+    Returns:
+        function from a `Transformer` to `{"bleu": float, "chrf": float}`,
+        or None where the run scores no validation decode.
+    """
+    count = config.output.validation_sentences
+    if not count or not validation_pairs:
+        return None
+    pairs = list(validation_pairs)[:count]
+    sources, targets = [s for s, _ in pairs], [t for _, t in pairs]
+    tokenizers = tokenizer.load_tokenizers(os.path.join(out_dir, "sentencepiece.model"))
+
+    def scores(model):
+        hypotheses = translate(
+            with_dtype_policy(model, "float32"),
+            tokenizers,
+            sources,
+            max_source_length=config.batching.max_length,
+            beam_size=config.output.validation_beam,
+            alpha=config.decoding.alpha,
+            extra_length=config.decoding.extra_length,
+        )
+        result = score(hypotheses, targets)
+        return {"bleu": result["bleu"], "chrf": result["chrf"]}
+
+    return scores

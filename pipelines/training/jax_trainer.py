@@ -7,8 +7,8 @@ rather than using `keras.Model.fit`, which cannot give the same run
 (Keras 3.15): its gradient accumulation (`gradient_accumulation_steps`)
 averages each micro-batch's own token mean, where a step here divides the
 loss summed over every micro-batch by their total token count; a run that
-`BackupAndRestore` resumes starts its input stream anew, where the loop
-reads on from the batch the interrupted run stopped at; and the variables a
+`keras.callbacks.BackupAndRestore` resumes starts its input stream anew, where the loop
+reads on from where the interrupted run stopped (`RunBackup`); and the variables a
 learning-rate schedule reads (the time budget's `total_steps` and
 `cooldown_from`) would be
 constants of the compiled step, fixed when it was traced.
@@ -25,7 +25,6 @@ validation batches, small, every process reads whole and places its rows.
 """
 
 import functools
-import itertools
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ import numpy as np
 from keras import ops
 
 from pipelines.training.loop import TrainingLoop, token_metrics
+from pipelines.training.streams import MappedStream, TensorStream, to_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -227,24 +227,21 @@ class JaxTrainer(TrainingLoop):
         # its own devices, wherever the mesh puts them.
         return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
-    def _distribute(self, dataset, skip):
-        """The placed batches of `dataset`, `skip` batches into its stream (see `Trainer`).
+    def _stream(self, dataset):
+        """The placed batches of `dataset`: a stream whose position a backup saves.
 
-        `dataset` is a tf.data dataset of global batches, or a
-        `ProcessBatches` of this process's rows.
+        `dataset` is a tf.data dataset of global batches (a `NumpyStream`
+        stream placed batch by batch), or a `ProcessBatches` of this process's rows.
         """
-        if skip:
-            logger.info("Skipping the %d batches the restored steps read", skip)
         if getattr(dataset, "process_local", False):
-            batches = itertools.islice(iter(dataset), skip, None)
-            return (self._place(batch, process_local=True) for batch in batches)
-        return (self._place(batch) for batch in dataset.skip(skip).as_numpy_iterator())
+            return MappedStream(iter(dataset), lambda batch: self._place(batch, process_local=True))
+        return MappedStream(TensorStream(dataset), lambda batch: self._place(to_numpy(batch)))
 
-    def train_step(self, iterator):
+    def train_step(self, stream):
         """One optimizer step over `accumulation_steps` micro-batches.
 
         Args:
-            iterator: iterator over placed batches of
+            stream: iterator over placed batches of
                 `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
 
         Returns:
@@ -255,7 +252,7 @@ class JaxTrainer(TrainingLoop):
         trainable = _values(model.trainable_variables)
         non_trainable = _values(model.non_trainable_variables)
         # Every micro-batch is read first: running out leaves the state untouched.
-        *micro_batches, last = [_next(iterator) for _ in range(self.accumulation_steps)]
+        *micro_batches, last = [_next(stream) for _ in range(self.accumulation_steps)]
         pending = None  # zeros, not None, so each shape compiles one accumulating step
         if micro_batches:
             pending = ([jax.numpy.zeros_like(value) for value in trainable], jax.numpy.zeros(3))

@@ -1,14 +1,16 @@
 """The optimizer-step loop that `Trainer` (tf.distribute) and `JaxTrainer` share.
 
-A subclass supplies the backend's half: `_distribute(dataset, skip)` (an
-iterable of batches ready for its step, `skip` batches into the stream),
-`train_step(iterator)` (one optimizer step; the global batch's summed loss,
-real tokens and correct tokens) and `evaluate(dataset, steps)`. The loop
-drives Keras callbacks the way `keras.Model.fit` does and counts optimizer
-steps, so a run resumed by `keras.callbacks.BackupAndRestore` ends where an
-uninterrupted one would and reads on from the batch where it stopped.
+A subclass supplies the backend's half: `_stream(dataset)` (the training
+stream, a `streams.TensorStream` or another iterator with `save`, `restore`
+and `skip`), `train_step(stream)` (one optimizer step; the global batch's
+summed loss, real tokens and correct tokens) and `evaluate(dataset, steps)`.
+The loop drives Keras callbacks the way `keras.Model.fit` does and counts
+optimizer steps; with a `RunBackup` it saves the whole training state every
+few steps, and a run restored from it ends where an uninterrupted one would,
+reading on from the batch where it stopped.
 """
 
+import contextlib
 import logging
 import math
 import time
@@ -62,7 +64,44 @@ class TrainingLoop:
         self.model = model
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
+        self.validation_seconds = 0.0
         self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
+
+    def _validate(self, dataset, steps, scores):
+        """The `val_*` logs: loss and accuracy on `dataset`, `scores(model)`, on the EMA if kept."""
+        logs = {}
+        if dataset is None and scores is None:
+            return logs
+        started = time.perf_counter()
+        with self.ema_weights():
+            if dataset is not None:
+                logs.update(self.evaluate(dataset, steps))
+                del logs["tokens"]
+            if scores is not None:
+                logs.update(scores(self.model))
+        self.validation_seconds += time.perf_counter() - started
+        return {f"val_{k}": v for k, v in logs.items()}
+
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """Holds the moving average of the weights in the model's variables inside the block.
+
+        Where the optimizer keeps one (`use_ema`), the model computes with
+        the averaged weights until the block ends, then gets its own back;
+        elsewhere the block runs on the model as it is.
+        """
+        optimizer = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        if not optimizer.use_ema:
+            yield self.model
+            return
+        variables = self.model.trainable_variables
+        current = [keras.ops.convert_to_numpy(v) for v in variables]
+        optimizer.finalize_variable_values(variables)
+        try:
+            yield self.model
+        finally:
+            for variable, value in zip(variables, current, strict=True):
+                variable.assign(value)
 
     def learning_rate(self):
         """float: the rate the optimizer's next update will use."""
@@ -85,17 +124,19 @@ class TrainingLoop:
         validation_data=None,
         validation_steps=None,
         verbose="auto",
+        backup=None,
+        validation_scores=None,
     ):
         """Trains until the optimizer has taken `steps` steps in total.
 
         Args:
             dataset: `tf.data.Dataset` of global batches as in `train_step`,
                 repeated (it is read `steps * accumulation_steps` times at
-                most), or what the subclass's `_distribute` takes besides
-                (`Trainer`: a function of a `tf.distribute.InputContext`). A run
-                resumed at step n skips the first `n * accumulation_steps`
-                batches, so the input must give the same batches each time
-                it is built (a seeded shuffle does).
+                most), or what the subclass's `_stream` takes besides
+                (`Trainer`: a function of a `tf.distribute.InputContext`).
+                A run restored from `backup` restores the stream's position,
+                so the input must be built the same way each time (the
+                same stages and seeds).
             steps: int, total optimizer steps, restored ones included.
             steps_per_epoch: int, steps between epoch-end callbacks (validation,
                 checkpoints). Defaults to `steps`.
@@ -104,6 +145,16 @@ class TrainingLoop:
                 into `val_loss` and `val_accuracy`.
             validation_steps: int or None, batches of `validation_data` used.
             verbose: 0, 1, 2 or "auto" as in `model.fit`.
+            validation_scores: callable from the model to a dict of
+                scores (`{"bleu": ..., "chrf": ...}`), logged as `val_*`
+                at each epoch's end, or None.
+            backup: a `RunBackup`, or None. Its newest backup is restored
+                before training (weights, optimizer, stream, the state of
+                callbacks with `get_state`/`set_state`), it saves every
+                `backup.every` steps and when training ends. Where the
+                weights were restored otherwise (a Keras `BackupAndRestore`
+                callback), the stream reads past the batches the restored
+                steps took.
 
         Returns:
             `keras.callbacks.History` of per-epoch logs: `loss`, `accuracy`,
@@ -121,12 +172,19 @@ class TrainingLoop:
             model=self.model,
         )
         self.model.stop_training = False
+        stream = self._stream(dataset)
+        restored = backup.restore(self.model, stream) if backup else None
         callbacks.on_train_begin()
-        step = optimizer_steps(self.optimizer)  # > 0 after BackupAndRestore
+        step = optimizer_steps(self.optimizer)  # > 0 once restored
         self.initial_step = step
         if step:
             logger.info("Resuming at step %d of %d", step, steps)
-        iterator = iter(self._distribute(dataset, skip=step * self.accumulation_steps))
+        if restored:
+            set_callbacks_state(callbacks, restored.get("callbacks", {}))
+        stream_step = restored["step"] if restored and restored.get("stream") else 0
+        if step > stream_step:
+            logger.info("Skipping the %d batches the restored steps read", step - stream_step)
+            stream.skip((step - stream_step) * self.accumulation_steps)
         logs = {}
         for epoch in range(step // steps_per_epoch, epochs):
             callbacks.on_epoch_begin(epoch)
@@ -134,7 +192,7 @@ class TrainingLoop:
             last = min(steps_per_epoch, steps - epoch * steps_per_epoch)
             for batch in range(step - epoch * steps_per_epoch, last):
                 callbacks.on_train_batch_begin(batch)
-                totals = np.asarray(self.train_step(iterator))
+                totals = np.asarray(self.train_step(stream))
                 sums = [a + float(b) for a, b in zip(sums, totals, strict=True)]
                 step += 1
                 logs = {
@@ -143,13 +201,34 @@ class TrainingLoop:
                     "tokens_per_second": sums[1] / (time.perf_counter() - started),
                 }
                 callbacks.on_train_batch_end(batch, logs)
+                if backup and backup.due(step):
+                    backup.save(step, self.model, stream, callbacks_state(callbacks))
                 if self.model.stop_training:
                     break
-            if validation_data is not None:
-                val_logs = self.evaluate(validation_data, validation_steps)
-                logs.update({f"val_{k}": v for k, v in val_logs.items() if k != "tokens"})
+            logs.update(self._validate(validation_data, validation_steps, validation_scores))
             callbacks.on_epoch_end(epoch, logs)
             if self.model.stop_training:
                 break
+        if backup and math.isfinite(logs.get("loss", 0.0)):
+            # The end too, so a rerun with more steps continues from here (not
+            # after a NaN loss: the backup before it stays).
+            backup.save(step, self.model, stream, callbacks_state(callbacks))
         callbacks.on_train_end(logs)
         return self.model.history
+
+
+def callbacks_state(callbacks):
+    """`{class name: state}` of the callbacks that keep one (`get_state()`)."""
+    return {
+        type(callback).__name__: callback.get_state()
+        for callback in callbacks.callbacks
+        if hasattr(callback, "get_state")
+    }
+
+
+def set_callbacks_state(callbacks, states):
+    """Gives each callback with `set_state` the state `callbacks_state` saved for it."""
+    for callback in callbacks.callbacks:
+        name = type(callback).__name__
+        if hasattr(callback, "set_state") and name in states:
+            callback.set_state(states[name])

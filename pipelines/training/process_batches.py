@@ -73,34 +73,89 @@ class ProcessBatches:
         self.max_pending = max_pending
 
     def __iter__(self):
-        streams = self.make_streams()
-        pending = [collections.defaultdict(collections.deque) for _ in streams]
-        buckets = len(self.bounds)
-        ended = [False] * len(streams)
-        dropped = 0
+        return ProcessStream(self)
+
+
+class ProcessStream:
+    """An iterator over `ProcessBatches`' steps whose position a backup can save.
+
+    Its state is each pipeline's tf.data position (`streams.TensorStream`)
+    and the local batches it holds, waiting for the other processes.
+    """
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.streams = batches.make_streams()
+        self.pending = [collections.defaultdict(collections.deque) for _ in self.streams]
+        self.ended = [False] * len(self.streams)
+        self.dropped = 0
+
+    def __iter__(self):
+        return self
+
+    def _drop_beyond_bound(self):
+        for queues in self.pending:
+            while sum(len(q) for q in queues.values()) > self.batches.max_pending:
+                fullest = max(queues, key=lambda b: len(queues[b]))
+                queues[fullest].popleft()
+                self.dropped += 1
+                if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, 8, ...: now and then
+                    logger.warning("%d local batches dropped waiting for others", self.dropped)
+
+    def __next__(self):
+        buckets = len(self.batches.bounds)
         while True:
-            for queues in pending:
-                while sum(len(q) for q in queues.values()) > self.max_pending:
-                    fullest = max(queues, key=lambda b: len(queues[b]))
-                    queues[fullest].popleft()
-                    dropped += 1
-                    if dropped & (dropped - 1) == 0:  # 1, 2, 4, 8, ...: a line now and then
-                        logger.warning("%d local batches dropped waiting for others", dropped)
+            self._drop_beyond_bound()
             rows = [
                 [len(q[b]) for b in range(buckets)] + [end]
-                for q, end in zip(pending, ended, strict=True)
+                for q, end in zip(self.pending, self.ended, strict=True)
             ]
-            gathered = np.asarray(self.gather(np.array(rows, np.int32))).reshape(-1, buckets + 1)
+            gathered = self.batches.gather(np.array(rows, np.int32))
+            gathered = np.asarray(gathered).reshape(-1, buckets + 1)
             if gathered[:, -1].any():  # a stream has ended (training streams repeat)
-                return
+                raise StopIteration
             common = gathered[:, :-1].min(axis=0)
             if common.max() > 0:
                 bucket = int(np.argmax(common))  # the first of the largest: the shortest on a tie
-                yield _concatenate([queues[bucket].popleft() for queues in pending])
-                continue
-            for i, (stream, queues) in enumerate(zip(streams, pending, strict=True)):
+                return _concatenate([queues[bucket].popleft() for queues in self.pending])
+            for i, (stream, queues) in enumerate(zip(self.streams, self.pending, strict=True)):
                 batch = next(stream, None)
                 if batch is None:
-                    ended[i] = True
+                    self.ended[i] = True
                 else:
-                    queues[_bucket(batch, self.bounds)].append(batch)
+                    queues[_bucket(batch, self.batches.bounds)].append(batch)
+
+    def save(self, prefix):
+        """Writes every pipeline's position and the held batches under `prefix`."""
+        arrays = {"ended": np.array(self.ended), "dropped": np.array(self.dropped)}
+        for i, (stream, queues) in enumerate(zip(self.streams, self.pending, strict=True)):
+            stream.save(f"{prefix}-pipeline-{i}")
+            for bucket, queue in queues.items():
+                for k, ((source, target_input), target_output) in enumerate(queue):
+                    arrays[f"{i}/{bucket}/{k}/s"] = source
+                    arrays[f"{i}/{bucket}/{k}/i"] = target_input
+                    arrays[f"{i}/{bucket}/{k}/o"] = target_output
+        with open(f"{prefix}-pending.npz", "wb") as handle:
+            np.savez(handle, **arrays)
+
+    def restore(self, prefix):
+        """Moves every pipeline to the position saved under `prefix`, with its held batches."""
+        for i, stream in enumerate(self.streams):
+            stream.restore(f"{prefix}-pipeline-{i}")
+        with np.load(f"{prefix}-pending.npz") as saved:
+            self.ended = [bool(x) for x in saved["ended"]]
+            self.dropped = int(saved["dropped"])
+            held = collections.defaultdict(dict)
+            for key in saved.files:
+                if key.count("/") == 3:
+                    i, bucket, k, name = key.split("/")
+                    held[(int(i), int(bucket), int(k))][name] = saved[key]
+        self.pending = [collections.defaultdict(collections.deque) for _ in self.streams]
+        for (i, bucket, _), parts in sorted(held.items()):
+            batch = (parts["s"], parts["i"]), parts["o"]
+            self.pending[i][bucket].append(batch)
+
+    def skip(self, count):
+        """Reads past `count` steps (a position older backups did not save)."""
+        for _ in range(count):
+            next(self)

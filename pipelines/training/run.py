@@ -1,9 +1,11 @@
 """One training run from a `TrainConfig`: data, vocabulary, model, fit, save."""
 
+import contextlib
 import functools
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from types import SimpleNamespace
@@ -14,19 +16,27 @@ import tensorflow as tf
 import keras_transformer as kt
 from pipelines.data import batching, shards, tokenizer
 from pipelines.errors import ConfigError
-from pipelines.files import atomic_output, write_json
+from pipelines.files import atomic_output, run_folder_lock, write_json
 from pipelines.training import data
+from pipelines.training.backup import RunBackup, backup_folders
+from pipelines.training.callbacks import (
+    BestCheckpoint,
+    Checkpoints,
+    ResumableEarlyStopping,
+    save_weights_checkpoint,
+)
 from pipelines.training.checkpoints import (
     average_checkpoints,
     checkpoints_to_average,
     epoch_checkpoints,
-    repair_backup,
+    load_checkpoint,
 )
-from pipelines.training.heldout import heldout_pairs, heldout_scores
+from pipelines.training.heldout import heldout_pairs, heldout_scores, validation_scorer
 from pipelines.training.init_from import find_source, source_model_arguments
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.process_batches import ProcessBatches
 from pipelines.training.progress import ProgressLines
+from pipelines.training.streams import MappedStream, TensorStream, to_numpy
 from pipelines.training.trainer import TimeBudget, Trainer, budget_clock
 
 logger = logging.getLogger(__name__)
@@ -69,20 +79,17 @@ def _chief_by_environment():
     return task.get("index", 0) == 0 and os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0") == "0"
 
 
-def _callbacks(config, out_dir, is_chief, clock, schedule):
-    backup_dir = os.path.join(out_dir, "backup")
-    if os.path.isdir(backup_dir):
-        repair_backup(backup_dir)
-    callbacks = [
-        keras.callbacks.BackupAndRestore(
-            backup_dir, save_freq=config.output.backup_every, double_checkpoint=True
-        ),
-        keras.callbacks.TerminateOnNaN(),
-    ]
+def _callbacks(config, out_dir, is_chief, clock, schedule, trainer):
+    output = config.output
+    # The checkpoints averaging reads are always among those kept.
+    keep = output.keep_checkpoints and max(output.keep_checkpoints, output.average_last)
+    callbacks = [keras.callbacks.TerminateOnNaN()]
     if is_chief:
         callbacks += [
-            keras.callbacks.ModelCheckpoint(
-                os.path.join(out_dir, "checkpoints", "epoch-{epoch:03d}.keras")
+            Checkpoints(
+                os.path.join(out_dir, "checkpoints"),
+                output.checkpoint_minutes,
+                keep,
             ),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
@@ -104,14 +111,16 @@ def _callbacks(config, out_dir, is_chief, clock, schedule):
         callbacks.append(
             ProgressLines(lambda: budget.total_steps if budget else config.optimization.steps)
         )
-    if config.output.early_stopping_patience:
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                "val_loss",
-                patience=config.output.early_stopping_patience,
-                restore_best_weights=True,
-            )
-        )
+    monitor = {
+        "monitor": f"val_{output.metric}",
+        "mode": "min" if output.metric == "loss" else "max",
+        "min_delta": output.min_improvement,
+    }
+    if is_chief:
+        folder = os.path.join(out_dir, "checkpoints")
+        callbacks.append(BestCheckpoint(folder, weights=trainer.ema_weights, **monitor))
+    if output.early_stopping_patience:
+        callbacks.append(ResumableEarlyStopping(patience=output.early_stopping_patience, **monitor))
     return callbacks
 
 
@@ -237,9 +246,8 @@ def process_batches(config, manifest, folder, pipelines, processes, row_multiple
     budget = config.batching.batch_tokens // processes
 
     def stream(pipeline):
-        return training_batches(
-            config, manifest, folder, pipeline, processes, budget, **shapes
-        ).as_numpy_iterator()
+        batches = training_batches(config, manifest, folder, pipeline, processes, budget, **shapes)
+        return MappedStream(TensorStream(batches), to_numpy)
 
     bounds = batching.bucket_bounds(config.batching.max_length, JAX_BUCKET_RATIO)
     return ProcessBatches(lambda: [stream(p) for p in pipelines], bounds, gather)
@@ -270,6 +278,11 @@ def _jax_parallel(config):
     options = config.optimization
 
     processes = jax.process_count()
+    if processes > 1 and config.output.validation_sentences:
+        raise ConfigError(
+            "output.validation_sentences: a run of several JAX processes does not decode while "
+            "it trains (its weights span the processes); score with metric loss"
+        )
 
     def train_data(manifest, folder):
         if processes > 1:
@@ -344,7 +357,9 @@ def build_model(config, spm_path):
         total_steps=None if config.budget.max_minutes else config.optimization.steps,
         cooldown=config.optimization.cooldown,
     )
-    optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule)
+    ema = config.optimization.ema
+    options = {"use_ema": True, "ema_momentum": ema} if ema else {}
+    optimizer = kt.transformer_optimizer(model.hidden_dim, schedule=schedule, **options)
     if config.optimization.mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return model, schedule, optimizer
@@ -359,6 +374,32 @@ def run_training(config):
     Returns:
         dict of results: steps, final losses, validation BLEU, paths.
     """
+    folder = config.output.output_dir
+    chief = _chief_by_environment()
+    with run_folder_lock(folder, "output_dir") if chief else contextlib.nullcontext():
+        if chief:
+            _refuse_restart_of_finished_run(folder)
+        return _run_training(config)
+
+
+def _refuse_restart_of_finished_run(folder):
+    """Refuses to train from step 0 over a finished run whose backup is gone.
+
+    A finished run keeps its last backup, so a rerun with more steps goes
+    on from there; without it a rerun would start over and replace the
+    finished model.
+    """
+    if os.path.exists(os.path.join(folder, "result.json")) and not backup_folders(
+        os.path.join(folder, "backup")
+    ):
+        raise ConfigError(
+            f"output_dir {folder} holds a finished run with no backup to continue from "
+            "(backup/ was removed, or an earlier version wrote it): a rerun would start over "
+            "and replace its model.keras; train into a new output_dir, or --init-from it"
+        )
+
+
+def _run_training(config):
     started = time.perf_counter()
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
@@ -400,26 +441,50 @@ def run_training(config):
         parallel.train_data(train, train_dir),
         steps=config.optimization.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.optimization.steps_per_epoch,
-        callbacks=_callbacks(config, out_dir, worker == 0, parallel.clock(started), schedule),
+        callbacks=_callbacks(
+            config, out_dir, worker == 0, parallel.clock(started), schedule, trainer
+        ),
         validation_data=validation_data,
         verbose=1 if worker == 0 and _terminal() else 0,
+        backup=RunBackup(os.path.join(out_dir, "backup"), config.output.backup_every),
+        validation_scores=validation_scorer(config, out_dir, validation_pairs),
     )
     seconds = {"started": started, "trained": time.perf_counter() - started}
     return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds)
 
 
-def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):
-    model = trainer.model
-    spm_path = os.path.join(out_dir, "sentencepiece.model")
-    checkpoints = epoch_checkpoints(os.path.join(out_dir, "checkpoints"))
+def _final_model(config, out_dir, trainer):
+    """Writes `model.keras` as `output.select` says; returns the model it holds.
+
+    The trainer's own model where `model.keras` holds its current weights,
+    else a model loaded from the file.
+    """
+    model, output = trainer.model, config.output
     model_path = os.path.join(out_dir, "model.keras")
-    chosen = checkpoints_to_average(checkpoints, config.output)
+    folder = os.path.join(out_dir, "checkpoints")
+    best = os.path.join(folder, "best.keras")
+    if output.select == "best" and os.path.exists(best):
+        logger.info("model.keras: the best checkpoint by validation %s", output.metric)
+        with atomic_output(model_path, suffix=".keras") as staging:
+            shutil.copyfile(best, staging)
+        return load_checkpoint(model_path)
+    if output.select == "ema":
+        logger.info("model.keras: the moving average of the weights")
+        with trainer.ema_weights():
+            save_weights_checkpoint(model, model_path)
+        return load_checkpoint(model_path)
+    chosen = checkpoints_to_average(epoch_checkpoints(folder), output)
     if len(chosen) > 1:
         logger.info("Averaging %d checkpoints", len(chosen))
-        model = average_checkpoints(chosen, model_path)
-    else:
-        with atomic_output(model_path, suffix=".keras") as staging:
-            model.save(staging)
+        return average_checkpoints(chosen, model_path)
+    save_weights_checkpoint(model, model_path)
+    return model
+
+
+def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds):
+    spm_path = os.path.join(out_dir, "sentencepiece.model")
+    model_path = os.path.join(out_dir, "model.keras")
+    model = _final_model(config, out_dir, trainer)
     result = {
         "steps": optimizer_steps(trainer.optimizer),
         "final_learning_rate": trainer.learning_rate(),
@@ -430,7 +495,7 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     }
     evaluation, split = heldout_pairs(config, validation_pairs, test_pairs)
     if isinstance(evaluation, list) and evaluation:
-        if trainer.spans_processes and len(chosen) <= 1:
+        if trainer.spans_processes and model is trainer.model:
             # Its weights live in every process: process 0 decodes alone, on a copy of its own.
             model = keras.saving.load_model(model_path)
         result.update(heldout_scores(config, out_dir, model, evaluation, split))

@@ -6,8 +6,9 @@ because it reduces a batch of ids across workers to build the model
 symbolically (keras-team/keras#20585); and the optimizer's
 `gradient_accumulation_steps` puts an all-reduce inside a `cond`, which
 MirroredStrategy rejects. `Trainer` owns the train function instead and keeps
-Keras callbacks (progress bar, checkpoints, BackupAndRestore, TensorBoard,
-TerminateOnNaN, EarlyStopping) driving it the way `fit` does.
+Keras callbacks (progress bar, checkpoints, TensorBoard, TerminateOnNaN,
+EarlyStopping) driving it the way `fit` does, and saves the whole training
+state, the input stream's position included, in a `RunBackup`.
 
 Each step sums the label-smoothed loss and the token count over every replica
 and micro-batch and divides once, so the update equals one step on the whole
@@ -29,6 +30,7 @@ import tensorflow as tf
 
 from pipelines.files import write_json
 from pipelines.training.loop import TrainingLoop, optimizer_steps, token_metrics
+from pipelines.training.streams import TensorStream
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +47,8 @@ class Trainer(TrainingLoop):
     Create the model and the optimizer inside `strategy.scope()`, then hand
     them to the trainer. The trainer compiles the model with the optimizer (so
     checkpoints and callbacks find it) and trains by optimizer steps: `fit`
-    stops after `steps` updates in total, counting those restored by
-    `keras.callbacks.BackupAndRestore`, so a resumed run ends where an
-    uninterrupted one would.
+    stops after `steps` updates in total, counting those restored from its
+    `backup`, so a resumed run ends where an uninterrupted one would.
 
     Args:
         model: a built `Transformer`.
@@ -81,6 +82,8 @@ class Trainer(TrainingLoop):
     ):
         super().__init__(model, optimizer, label_smoothing, accumulation_steps)
         self.strategy = strategy or tf.distribute.get_strategy()
+        self._local_replicas = len(self.strategy.extended.worker_devices)
+        self._per_replica_batches = False
         with self.strategy.scope():
             model.compile(optimizer=optimizer, loss=self.loss)
             optimizer.build(model.trainable_variables)
@@ -147,28 +150,60 @@ class Trainer(TrainingLoop):
 
     # Cross-replica functions ---------------------------------------------
 
+    def _replica_batch(self, iterator):
+        """The next batch of every replica of this worker, from a local iterator.
+
+        A dataset function's stream holds one batch per local replica, in
+        turn; a dataset's holds global batches, whose rows are split over
+        every replica (the first ones take one more where they do not
+        divide), as `experimental_distribute_dataset` splits them.
+        """
+        replicas = self.strategy.num_replicas_in_sync
+        if self._per_replica_batches:
+            if self._local_replicas == 1:
+                return next(iterator)
+            batches = [next(iterator) for _ in range(self._local_replicas)]
+            return self.strategy.experimental_distribute_values_from_function(
+                lambda context: batches[context.replica_id_in_sync_group % len(batches)]
+            )
+        batch = next(iterator)
+        if replicas == 1:
+            return batch
+
+        def split(tensor):  # (B, ...) -> `replicas` parts of about B / replicas rows
+            rows = tf.shape(tensor)[0]
+            sizes = [(rows + replicas - 1 - i) // replicas for i in range(replicas)]
+            return tf.split(tensor, tf.stack(sizes), num=replicas)
+
+        pieces = [split(tensor) for tensor in tf.nest.flatten(batch)]
+        parts = [tf.nest.pack_sequence_as(batch, [p[i] for p in pieces]) for i in range(replicas)]
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda context: parts[context.replica_id_in_sync_group]
+        )
+
     def _accumulate_on_iterator(self, iterator):
-        self.strategy.run(self._accumulate_replica, args=(next(iterator),))
+        self.strategy.run(self._accumulate_replica, args=(self._replica_batch(iterator),))
 
     def _apply_on_iterator(self, iterator):
-        totals = self.strategy.run(self._apply_replica, args=(next(iterator),))
+        totals = self.strategy.run(self._apply_replica, args=(self._replica_batch(iterator),))
         # Every replica holds the same all-reduced totals.
         return self.strategy.experimental_local_results(totals)[0]
 
-    def train_step(self, iterator):
+    def train_step(self, stream):
         """One optimizer step over `accumulation_steps` micro-batches.
 
         Args:
-            iterator: iterator over a distributed dataset of
-                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+            stream: a `TensorStream` of this worker's per-replica batches
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`,
+                one per local replica in turn.
 
         Returns:
             float32 `(3,)`: summed loss, real tokens and correct tokens of the
             global batch.
         """
         for _ in range(self.accumulation_steps - 1):
-            self._accumulate_function(iterator)
-        return self._apply_function(iterator)
+            self._accumulate_function(stream.iterator)
+        return self._apply_function(stream.iterator)
 
     def evaluate(self, dataset, steps=None):
         """Token-level loss and accuracy on a finite dataset, on this worker alone.
@@ -181,23 +216,21 @@ class Trainer(TrainingLoop):
             sums += self._evaluate_function(batch)
         return token_metrics(sums)
 
-    def _distribute(self, dataset, skip):
-        """The distributed dataset, `skip` batches (per replica) into its stream.
+    def _stream(self, dataset):
+        """This worker's training stream: a local tf.data iterator (`TensorStream`).
 
-        A resumed run reads on from the batch where the interrupted one
-        stopped rather than starting its shuffled pass anew: the input is
-        deterministic for a given seed, so skipping what the restored steps
-        consumed yields the batches an uninterrupted run would read next.
-        Skipping still builds the skipped batches (tf.data cannot seek into a
-        shuffle), which takes seconds for Multi30k-sized epochs.
+        Batches are placed on the replicas by the step itself (`_replica_batch`)
+        rather than by a tf.distribute iterator, which cannot save its position.
+        A function of a `tf.distribute.InputContext` is called with this worker's.
         """
-        if skip:
-            logger.info("Skipping the %d batches the restored steps read", skip)
+        self._per_replica_batches = callable(dataset)
         if callable(dataset):
-            return self.strategy.distribute_datasets_from_function(
-                lambda context: dataset(context).skip(skip)
-            )
-        return self.strategy.experimental_distribute_dataset(dataset.skip(skip))
+            replicas = self.strategy.num_replicas_in_sync
+            workers = replicas // self._local_replicas
+            worker = self.strategy.cluster_resolver.task_id if workers > 1 else 0
+            context = tf.distribute.InputContext(workers, worker, replicas)
+            dataset = dataset(context)
+        return TensorStream(dataset)
 
 
 class TimeBudget(keras.callbacks.Callback):

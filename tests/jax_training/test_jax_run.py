@@ -27,7 +27,12 @@ def test_the_tiny_recipe_trains_on_two_devices_as_on_one(tmp_path):
     assert main(args) == 0
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 6 and "greedy_bleu" in result and len(result["examples"]) == 5
-    assert sorted(os.listdir(out / "checkpoints")) == ["epoch-001.keras", "epoch-002.keras"]
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        "best.json",
+        "best.keras",
+        "epoch-001.keras",
+        "epoch-002.keras",
+    ]
     # The export runs on TensorFlow, from the run's .keras file, and translates as the run did.
     export = [sys.executable, "-m", "pipelines", "export", "--run-dir", str(out), "--base",
               str(tmp_path / "saved"), "--name", "tiny", "--beam-size", "1"]  # fmt: skip
@@ -105,15 +110,22 @@ def test_mixed_float16_is_refused_before_any_work(tmp_path, capsys):
     assert list(out.iterdir()) == []  # the command's checks made the folder; nothing written
 
 
-def test_a_killed_run_resumes_from_its_backup(tmp_path):
-    out = tmp_path / "run"
+def test_a_run_killed_late_resumes_on_the_batches_it_would_have_read(tmp_path):
+    # About 30 fixed-shape batches a pass: the kill comes after step 80, in the third pass.
     steps = ["--steps", "120", "--steps-per-epoch", "120", "--backup-every", "5"]
-    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *steps, *TINY]
+    flags = [*steps, *TINY, "--set", "heldout_split=none"]
+    assert main(["--output-dir", str(tmp_path / "whole"), *flags]) == 0
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # KERAS_BACKEND and XLA_FLAGS as here
-    backup = out / "backup" / "training_metadata.json"
-    second = killed_and_resumed(command, ROOT, env, backup, out / "result.json")
+    second = killed_and_resumed(
+        command, ROOT, env, out / "backup", out / "result.json", after_step=80
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     result = json.loads((out / "result.json").read_text())
-    assert 0 < result["resumed_at_step"] < 120  # from the backup, mid-epoch
-    assert result["steps"] == 120
+    assert 80 <= result["resumed_at_step"] < 120 and result["steps"] == 120
     assert f"Resuming at step {result['resumed_at_step']} of 120" in second.stderr
+    assert "Skipping" not in second.stderr  # the stream's position was restored, not re-read
+    whole, resumed = (keras.saving.load_model(d / "model.keras") for d in (tmp_path / "whole", out))
+    for expected, actual in zip(whole.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

@@ -148,39 +148,6 @@ def test_average_holds_at_most_two_models(tmp_path, monkeypatch):
     np.testing.assert_allclose(averaged.get_weights()[0], expected, rtol=1e-6, atol=1e-7)
 
 
-def _write_backup(folder, step):
-    """A complete backup pair as BackupAndRestore writes it."""
-    import h5py
-
-    with h5py.File(folder / "latest.weights.h5", "w") as handle:
-        handle["step"] = step
-    (folder / "training_metadata.json").write_text(f'{{"epoch": {step}}}')
-
-
-def test_repair_backup_restores_the_previous_copy_of_a_half_written_file(tmp_path):
-    from pipelines.training.checkpoints import repair_backup
-
-    _write_backup(tmp_path, 1)
-    os.replace(tmp_path / "latest.weights.h5", tmp_path / "latest.weights.h5.bkp")
-    (tmp_path / "latest.weights.h5").write_bytes(b"\x89HDF\r\n half written")
-    assert repair_backup(str(tmp_path)) == "repaired"
-    import h5py
-
-    with h5py.File(tmp_path / "latest.weights.h5", "r") as handle:
-        assert handle["step"][()] == 1
-    assert not (tmp_path / "latest.weights.h5.bkp").exists()
-    assert repair_backup(str(tmp_path)) == "intact"
-
-
-def test_repair_backup_clears_a_backup_with_no_complete_copy(tmp_path):
-    from pipelines.training.checkpoints import repair_backup
-
-    _write_backup(tmp_path, 3)
-    (tmp_path / "training_metadata.json").write_text('{"epoch": ')
-    assert repair_backup(str(tmp_path)) == "cleared"
-    assert os.listdir(tmp_path) == []
-
-
 def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
     from pipelines.training.config import OutputConfig, load_config
 

@@ -152,8 +152,7 @@ def test_a_killed_fine_tuning_run_resumes_from_its_own_backup(source, tmp_path):
                "--init-from", str(source), "--batch-tokens", "512", *steps,
                "--set", "default_corpus_sizes=[1500,40,40]"]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    backup = out / "backup" / "training_metadata.json"
-    second = killed_and_resumed(command, ROOT, env, backup, out / "result.json")
+    second = killed_and_resumed(command, ROOT, env, out / "backup", out / "result.json")
     assert second.returncode == 0, second.stderr[-2000:]
     result = json.loads((out / "result.json").read_text())
     assert 0 < result["resumed_at_step"] < 300 and result["steps"] == 300

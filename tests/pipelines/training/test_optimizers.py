@@ -31,7 +31,7 @@ def train(optimizer_class, strategy, steps=3):
 def fused_kernels(trainer, strategy):
     """`ResourceApplyAdam` ops in the trainer's traced update step, nested functions included."""
     data = tf.data.Dataset.from_tensors(make_batch(0))
-    iterator = iter(strategy.experimental_distribute_dataset(data))
+    iterator = iter(data)  # the trainer's local stream of global batches
     graph_def = trainer._apply_function.get_concrete_function(iterator).graph.as_graph_def()
     nodes = list(graph_def.node)
     nodes += [node for function in graph_def.library.function for node in function.node_def]

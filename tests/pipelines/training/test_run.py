@@ -79,10 +79,18 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["steps"] == 4 and result["resumed_at_step"] == 0
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == [
+        "best.json",
+        "best.keras",
         "epoch-001.keras",
         "epoch-002.keras",
     ]
     assert len(result["history"]["loss"]) == 2 and "val_loss" in result["history"]
+    best = json.loads((tmp_path / "run" / "checkpoints" / "best.json").read_text())
+    losses = result["history"]["val_loss"]
+    assert best["val_loss"] == pytest.approx(min(losses), abs=1e-5)
+    assert best["step"] == 2 * (1 + losses.index(min(losses)))
+    # The run's last backup stays, so a rerun with more steps goes on from step 4.
+    assert os.listdir(os.path.join(out, "backup")) == ["step-000000004"]
     assert "greedy_bleu" in result and len(result["examples"]) == 5
     assert result["heldout_split"] == "test"
     test_sources = [s for s, _ in default_corpus([1500, 40, 40])["test"]]
@@ -121,18 +129,25 @@ def test_heldout_split_chooses_what_the_run_decodes_at_its_end(tmp_path, split):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_its_backup(tmp_path):
-    out = tmp_path / "run"
+def test_a_run_killed_late_resumes_on_the_batches_it_would_have_read(tmp_path):
+    # About 60 batches a pass: the kill comes after step 200, in the fourth pass.
     steps = ["--steps", "300", "--steps-per-epoch", "300", "--backup-every", "5"]
-    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *steps, *TINY]
+    flags = [*steps, *TINY, "--set", "heldout_split=none"]
+    assert main(["--output-dir", str(tmp_path / "whole"), *flags]) == 0
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    backup = out / "backup" / "training_metadata.json"
-    second = killed_and_resumed(command, ROOT, env, backup, out / "result.json")
+    second = killed_and_resumed(
+        command, ROOT, env, out / "backup", out / "result.json", after_step=200
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     result = json.loads((out / "result.json").read_text())
-    assert 0 < result["resumed_at_step"] < 300  # from the backup, mid-epoch
-    assert result["steps"] == 300
+    assert 200 <= result["resumed_at_step"] < 300 and result["steps"] == 300
     assert f"Resuming at step {result['resumed_at_step']} of 300" in second.stderr
+    assert "Skipping" not in second.stderr  # the stream's position was restored, not re-read
+    whole, resumed = (keras.saving.load_model(d / "model.keras") for d in (tmp_path / "whole", out))
+    for expected, actual in zip(whole.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def free_port():

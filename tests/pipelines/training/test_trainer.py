@@ -1,4 +1,5 @@
 import json
+import os
 import time
 
 import keras
@@ -8,6 +9,7 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from pipelines.training.run import make_strategy
+from pipelines.training.streams import TensorStream
 from pipelines.training.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus
 from tests.pipelines.training.shared import varied_examples
@@ -349,23 +351,72 @@ def test_a_first_epoch_longer_than_the_budget_ends_at_the_deadline(tmp_path):
     assert float(schedule(steps)) == 0.0
 
 
-def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
+class Interrupt(Exception):
+    pass
+
+
+def interrupt_at_epoch(epoch_index):
+    """A callback that raises `Interrupt` as epoch `epoch_index` ends (a kill, in-process)."""
+
+    def interrupt(epoch, logs):
+        if epoch == epoch_index:
+            raise Interrupt
+
+    return keras.callbacks.LambdaCallback(on_epoch_end=interrupt)
+
+
+def test_a_late_resume_restores_the_stream_and_trains_on_the_same_batches(tmp_path, monkeypatch):
+    from pipelines.data.batching import batch_examples
+    from pipelines.training.backup import RunBackup
+    from pipelines.training.callbacks import ResumableEarlyStopping
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    examples = varied_examples()
+
+    def train(backup_dir, extra=()):
+        model, optimizer = tiny_model_and_optimizer(strategy)
+        trainer = Trainer(model, optimizer, strategy)
+        # Shuffled, repeated, several batch shapes, built anew as in a new process:
+        # about 12 batches a pass, so step 24 is late in the third pass.
+        data = batch_examples(examples, batch_tokens=40, max_length=12, repeat=True, seed=5)
+        stopping = ResumableEarlyStopping("loss", patience=100)
+        history = trainer.fit(
+            data,
+            steps=30,
+            steps_per_epoch=3,
+            callbacks=[stopping, *extra],
+            backup=RunBackup(str(backup_dir), every=3),
+            verbose=0,
+        )
+        return trainer, [w.numpy() for w in model.trainable_weights], stopping, history
+
+    _, uninterrupted, stopping, _ = train(tmp_path / "a")
+    with pytest.raises(Interrupt):
+        train(tmp_path / "b", [interrupt_at_epoch(7)])
+    assert os.listdir(tmp_path / "b") == ["step-000000024"]  # one backup, the newest
+
+    def no_skipping(stream, count):
+        raise AssertionError(f"the restored stream read past {count} batches")
+
+    monkeypatch.setattr(TensorStream, "skip", no_skipping)
+    resumed, weights, resumed_stopping, history = train(tmp_path / "b")
+    assert resumed.initial_step == 24
+    for expected, actual in zip(uninterrupted, weights, strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    # Early stopping counted over the whole run: the same best and wait as without the kill.
+    assert len(history.history["loss"]) == 2
+    assert resumed_stopping.get_state() == stopping.get_state()
+
+
+def test_a_run_restored_by_keras_backup_reads_past_the_restored_steps(tmp_path):
     from pipelines.data.batching import batch_examples
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     examples = varied_examples()
 
-    class Interrupt(Exception):
-        pass
-
-    def interrupt(epoch, logs):
-        if epoch == 1:
-            raise Interrupt
-
     def train(steps, backup, extra=()):
         model, optimizer = tiny_model_and_optimizer(strategy)
         trainer = Trainer(model, optimizer, strategy)
-        # Shuffled, repeated, several batch shapes, built anew as in a new process.
         data = batch_examples(examples, batch_tokens=40, max_length=12, repeat=True, seed=5)
         callbacks = [keras.callbacks.BackupAndRestore(str(backup)), *extra]
         trainer.fit(data, steps=steps, steps_per_epoch=3, callbacks=callbacks, verbose=0)
@@ -373,7 +424,7 @@ def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
 
     _, uninterrupted = train(9, tmp_path / "a")
     with pytest.raises(Interrupt):
-        train(9, tmp_path / "b", [keras.callbacks.LambdaCallback(on_epoch_end=interrupt)])
+        train(9, tmp_path / "b", [interrupt_at_epoch(1)])
     resumed, weights = train(9, tmp_path / "b")
     assert resumed.initial_step == 6
     for expected, actual in zip(uninterrupted, weights, strict=True):

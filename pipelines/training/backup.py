@@ -1,0 +1,156 @@
+"""A run's rolling backup: everything a killed or extended run needs to go on exactly.
+
+`RunBackup` writes, every `every` steps and when training ends, one folder
+`backup/step-NNNNNNNNN/` holding:
+  - `weights.weights.h5`: the model's weights and the optimizer's state
+    (Keras's `save_weights` of a compiled model; EMA weights included);
+  - `stream*`: where the input stream stands (`streams.TensorStream`), so
+    the resumed run reads on from there, whatever the step;
+  - `state.json`: the step, and the state of every callback that keeps one
+    (`get_state`/`set_state`: early stopping's count, the best score).
+The folder is written under a staging name and renamed whole, then the
+previous one is removed, so a kill at any moment leaves one complete
+backup. The last backup is kept when training ends: rerunning the command
+with more `steps` continues the finished run from its last step.
+
+Why not `keras.callbacks.BackupAndRestore`: it saves weights and a step
+count only (not the stream's position or other callbacks' state), its two
+files are replaced one at a time (a kill between them pairs a new weights
+file with an old step), and it deletes the backup when training ends.
+"""
+
+import logging
+import os
+import re
+import shutil
+import time
+
+from pipelines.errors import CheckpointError
+from pipelines.files import read_json, staging_folder, write_json
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS = "weights.weights.h5"
+STATE = "state.json"
+STREAM = "stream"
+# The files Keras's BackupAndRestore wrote, in backups of earlier versions.
+KERAS_BACKUP = "training_metadata.json"
+_STEP_FOLDER = re.compile(r"step-(\d+)$")
+
+
+def backup_folders(backup_dir):
+    """The complete backups in `backup_dir`, oldest first, as `(step, path)`."""
+    found = []
+    if os.path.isdir(backup_dir):
+        for name in os.listdir(backup_dir):
+            match = _STEP_FOLDER.match(name)
+            path = os.path.join(backup_dir, name)
+            if match and os.path.isfile(os.path.join(path, STATE)):
+                found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def folder_bytes(folder):
+    """Bytes of every file under `folder`."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        total += sum(os.path.getsize(os.path.join(root, name)) for name in files)
+    return total
+
+
+class RunBackup:
+    """Saves and restores a run's whole training state (see the module docstring).
+
+    Args:
+        backup_dir: str, the run's `backup/` folder.
+        every: int, steps between backups.
+        write: bool, whether this process writes (every worker of a
+            multi-worker run keeps its own backup; a process that only
+            restores passes False).
+
+    Example:
+    >>> backup = RunBackup("/tmp/run/backup", every=100)
+    >>> backup.latest_step() is None
+    True
+    """
+
+    def __init__(self, backup_dir, every=100, write=True):
+        if every < 1:
+            raise ValueError(f"every must be >= 1. Received: every={every}")
+        self.backup_dir = backup_dir
+        self.every = every
+        self.write = write
+        self.saved_step = None
+        self.save_seconds = []
+
+    def latest_step(self):
+        """int or None: the step of the newest complete backup."""
+        folders = backup_folders(self.backup_dir)
+        return folders[-1][0] if folders else None
+
+    def check_format(self):
+        """Raises `CheckpointError` for a backup an earlier version wrote (it cannot resume)."""
+        if os.path.exists(os.path.join(self.backup_dir, KERAS_BACKUP)):
+            raise CheckpointError(
+                f"{self.backup_dir} holds a backup of an earlier version of this package, "
+                "which the current one cannot resume: finish the run with that version, "
+                "or start it in a new output_dir"
+            )
+
+    def restore(self, model, stream):
+        """Loads the newest backup into `model` (and its optimizer) and `stream`.
+
+        Args:
+            model: the compiled, built model whose optimizer is built.
+            stream: the training stream (`save`/`restore`), or None.
+
+        Returns:
+            dict, the backup's `state.json` (`step`, `callbacks`), or None
+            where there is no backup.
+        """
+        self.check_format()
+        folders = backup_folders(self.backup_dir)
+        if not folders:
+            return None
+        step, folder = folders[-1]
+        started = time.perf_counter()
+        model.load_weights(os.path.join(folder, WEIGHTS))
+        state = read_json(os.path.join(folder, STATE))
+        if stream is not None and state.get("stream"):
+            stream.restore(os.path.join(folder, STREAM))
+        self.saved_step = step
+        logger.info("Restored the backup of step %d in %.1f s", step, time.perf_counter() - started)
+        return state
+
+    def due(self, step):
+        """Whether step `step` ends with a backup."""
+        return self.write and step % self.every == 0 and step != self.saved_step
+
+    def save(self, step, model, stream, callbacks_state):
+        """Writes the backup of `step`, then removes the older ones.
+
+        Args:
+            step: int, the optimizer steps taken.
+            model: the model (its optimizer's state is saved with it).
+            stream: the training stream, or None (a resume then reads from
+                the start).
+            callbacks_state: dict, JSON-able state by callback name.
+        """
+        if not self.write or step == self.saved_step:
+            return
+        started = time.perf_counter()
+        staging = staging_folder(self.backup_dir)
+        model.save_weights(os.path.join(staging, WEIGHTS))
+        if stream is not None:
+            stream.save(os.path.join(staging, STREAM))
+        state = {"step": step, "stream": stream is not None, "callbacks": callbacks_state}
+        write_json(os.path.join(staging, STATE), state)
+        final = os.path.join(self.backup_dir, f"step-{step:09d}")
+        if os.path.exists(final):  # a backup of this step a killed run left: this one is whole
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        for older, path in backup_folders(self.backup_dir):
+            if older != step:
+                shutil.rmtree(path, ignore_errors=True)
+        self.saved_step = step
+        self.save_seconds.append(time.perf_counter() - started)

@@ -1,0 +1,146 @@
+"""A long run's machinery: backups, checkpoints that fit the disk, EMA, the run folder's lock."""
+
+import json
+import os
+import zipfile
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_transformer as kt
+from pipelines.commands.train import main
+from pipelines.errors import CheckpointError
+from pipelines.files import run_folder_lock
+from pipelines.training.backup import RunBackup, backup_folders
+from pipelines.training.callbacks import Checkpoints, save_weights_checkpoint
+from pipelines.training.checkpoints import epoch_checkpoints
+from pipelines.training.trainer import Trainer
+from tests.pipelines.training.shared import TINY
+from tests.test_case import token_batch
+
+ONE = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def tiny_trainer(**optimizer_options):
+    keras.utils.set_random_seed(3)
+    with ONE.scope():
+        model = kt.Transformer(
+            30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2, dropout=0.0
+        )
+        model.build(((None, None), (None, None)))
+        optimizer = keras.optimizers.Adam(1e-2, **optimizer_options)
+    return Trainer(model, optimizer, ONE)
+
+
+def batches(count):
+    data = [tf.nest.map_structure(tf.constant, token_batch(i)) for i in range(count)]
+    dataset = tf.data.Dataset.from_tensors(data[0])
+    for batch in data[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    return dataset.repeat()
+
+
+def test_a_backup_is_whole_or_absent_and_only_the_newest_is_kept(tmp_path):
+    trainer = tiny_trainer()
+    backup = RunBackup(str(tmp_path), every=2)
+    trainer.fit(batches(3), steps=5, steps_per_epoch=5, backup=backup, verbose=0)
+    assert [step for step, _ in backup_folders(str(tmp_path))] == [5]  # the end's backup
+    # A kill while writing leaves a staging folder, never a step folder without its state.
+    (tmp_path / ".staging-1@elsewhere-x").mkdir()
+    (tmp_path / "step-000000007").mkdir()  # renamed in whole, so this one is not a backup
+    assert RunBackup(str(tmp_path)).latest_step() == 5
+    again = tiny_trainer()
+    state = RunBackup(str(tmp_path)).restore(again.model, None)
+    assert state["step"] == 5 and int(again.optimizer.iterations) == 5
+    pairs = zip(trainer.optimizer.variables, again.optimizer.variables, strict=True)
+    for expected, actual in pairs:
+        np.testing.assert_array_equal(np.asarray(actual), np.asarray(expected))
+
+
+def test_a_backup_of_an_earlier_version_is_refused_by_name(tmp_path):
+    (tmp_path / "training_metadata.json").write_text('{"epoch": 3}')
+    with pytest.raises(CheckpointError, match="earlier version of this package"):
+        RunBackup(str(tmp_path)).restore(tiny_trainer().model, None)
+
+
+def test_checkpoints_hold_weights_alone_and_the_oldest_are_removed(tmp_path):
+    trainer = tiny_trainer()
+    clock = iter(range(0, 10_000, 100)).__next__  # 100 s a reading: 6 readings a checkpoint
+    checkpoints = Checkpoints(str(tmp_path), minutes=10, keep=2, clock=clock)
+    trainer.fit(batches(2), steps=14, steps_per_epoch=7, callbacks=[checkpoints], verbose=0)
+    written = [os.path.basename(p) for p in checkpoints.written]
+    assert written == ["step-000000006.keras", "step-000000012.keras"]
+    assert [os.path.basename(p) for p in epoch_checkpoints(str(tmp_path))] == written
+    path = os.path.join(str(tmp_path), "all.keras")
+    save_weights_checkpoint(trainer.model, path)
+    with zipfile.ZipFile(path) as archive, archive.open("model.weights.h5") as weights:
+        with h5py.File(weights, "r") as h5:
+            assert "optimizer" not in h5.keys()  # Adam's moments stay in the backup
+    assert trainer.model.optimizer is trainer.optimizer  # attached again after the save
+    loaded = keras.saving.load_model(path)
+    for expected, actual in zip(trainer.model.get_weights(), loaded.get_weights(), strict=True):
+        np.testing.assert_array_equal(actual, expected)
+    # Keeping the newest 2 of 3 epoch checkpoints, and a protected older one.
+    keep = Checkpoints(str(tmp_path / "epochs"), keep=2)
+    keep.protected = lambda: {str(tmp_path / "epochs" / "epoch-001.keras")}
+    tiny_trainer().fit(batches(2), steps=8, steps_per_epoch=2, callbacks=[keep], verbose=0)
+    assert sorted(os.listdir(tmp_path / "epochs")) == [
+        "epoch-001.keras",
+        "epoch-003.keras",
+        "epoch-004.keras",
+    ]
+
+
+def test_ema_weights_are_the_moving_average_of_each_step(tmp_path):
+    momentum = 0.5
+    trainer = tiny_trainer(use_ema=True, ema_momentum=momentum)
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(trainer.model.get_weights())
+    )
+    trainer.fit(batches(3), steps=4, steps_per_epoch=4, callbacks=[record], verbose=0)
+    average = seen[0]  # the first step's weights start the average
+    for weights in seen[1:]:
+        average = [momentum * a + (1 - momentum) * w for a, w in zip(average, weights, strict=True)]
+    trained = trainer.model.get_weights()
+    with trainer.ema_weights() as model:
+        for expected, actual in zip(average, model.get_weights(), strict=True):
+            np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    for expected, actual in zip(trained, trainer.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(actual, expected)  # its own weights back
+
+
+def test_a_finished_run_given_more_steps_goes_on_from_its_last_step(tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--steps-per-epoch", "2", *TINY, "--heldout-split", "none"]
+    assert main([*flags, "--steps", "4"]) == 0
+    first = json.loads((out / "result.json").read_text())
+    assert main([*flags, "--steps", "6"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["resumed_at_step"] == 4 and result["steps"] == 6
+    assert len(result["history"]["loss"]) == 1  # the third epoch alone
+    assert result["history"]["loss"][0] < first["history"]["loss"][0]  # not from scratch
+    # Without its backup the run cannot go on, and is not started over either.
+    for _, path in backup_folders(str(out / "backup")):
+        for name in os.listdir(path):
+            os.remove(os.path.join(path, name))
+        os.rmdir(path)
+    model_bytes = (out / "model.keras").read_bytes()
+    capsys.readouterr()
+    assert main([*flags, "--steps", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: output_dir") and "no backup to continue from" in err
+    assert (out / "model.keras").read_bytes() == model_bytes
+
+
+def test_a_run_folder_in_use_is_refused_naming_its_process(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with run_folder_lock(str(out), "output_dir"):
+        assert main(["--output-dir", str(out), "--steps", "2", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: output_dir") and f"process {os.getpid()}" in err
+    assert sorted(os.listdir(out)) == []  # nothing prepared, the lock file gone with its holder

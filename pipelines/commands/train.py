@@ -8,6 +8,7 @@ Examples:
         --train-files train.en train.de --validation-files dev.en dev.de
     kt train --config my_run.json --set model.dropout=0.2
     kt train --max-minutes 30 --cooldown 0.3
+    kt train --validation-sentences 500 --metric bleu --select best
     kt train --recipe multi30k --multi30k-dir data/multi30k --print-config
     kt train --init-from runs/default --corpus files \\
         --train-files domain.en domain.de --output-dir runs/domain
@@ -15,17 +16,21 @@ Examples:
 Every setting is a flag (`--batch-tokens 2048`) and can be set with
 `--set NAME=VALUE` or `--set GROUP.NAME=VALUE` (a JSON value). Outputs under
 `--output-dir`: config.json, sentencepiece.model (and sentencepiece.tags, a
-parser's tags, with `whole_source_words`), checkpoints/ (one `.keras`
-per epoch), backup/ (rerunning the same command after a crash resumes),
-logs/ (TensorBoard), model.keras, result.json. Under
+parser's tags, with `whole_source_words`), checkpoints/ (weights-only
+`.keras` files, one per epoch or every `checkpoint_minutes`, and best.keras),
+backup/ (the last step's whole state: rerunning the same command after a
+crash resumes there), logs/ (TensorBoard), model.keras, result.json. Under
 MultiWorkerMirroredStrategy (TF_CONFIG with several workers) worker 0
 writes there and every other worker under `workers/worker-N/`.
 
-A rerun into a run's folder resumes it and may change only its length and
-end-of-run outputs (`pipelines/training/identity.py`); other settings are
-refused. `--init-from` starts a new run from a trained one: its
-architecture, vocabulary file and weights, with the `finetune` recipe's
-schedule unless `--recipe` says otherwise.
+A rerun into a run's folder resumes it from its last backup (a finished run
+too, given more `--steps`), and may change only its length, what it checks
+and keeps, its end-of-run outputs, and how an update is batched
+(`pipelines/training/identity.py`); other settings are refused. One
+`kt train` writes a run folder at a time (`run.lock`). `--init-from` starts
+a new run from a trained one: its architecture, vocabulary file and
+weights, with the `finetune` recipe's schedule unless `--recipe` says
+otherwise.
 """
 
 import argparse
@@ -89,13 +94,19 @@ def parse_args(argv, prog="kt train"):
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved settings and exit"
     )
+    parser.add_argument(
+        "--restart-data-order",
+        action="store_true",
+        help="resume with other batch_tokens x accumulation_steps: the data order starts anew "
+        "at the restored step",
+    )
     _add_setting_flags(parser)
     return parser.parse_args(argv)
 
 
 def _settings(args):
     """`{name: value}` from the setting flags given, then the `--set` items."""
-    skip = {"recipe", "config", "set", "print_config"}
+    skip = {"recipe", "config", "set", "print_config", "restart_data_order"}
     values = {k: v for k, v in vars(args).items() if k not in skip}
     for item in args.set:
         key, sep, raw = item.partition("=")
@@ -130,7 +141,7 @@ def _train(args):
         print(config.to_json())
         return 0
     check_paths(config)
-    check_rerun(config)
+    check_rerun(config, args.restart_data_order)
     prepare_output_folder(config.output.output_dir, "output_dir")
     from pipelines.training.run import run_training  # the data and the work: after the checks
 

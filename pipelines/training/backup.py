@@ -4,6 +4,10 @@
 `backup/step-NNNNNNNNN/` holding:
   - `weights.weights.h5`: the model's weights and the optimizer's state
     (Keras's `save_weights` of a compiled model; EMA weights included);
+  - `non_trainable.npz`: every non-trainable variable, the random
+    generators' states of the dropout layers among them (which
+    `save_weights` leaves out), so a resumed run draws the dropout masks an
+    uninterrupted one would;
   - `stream*`: where the input stream stands (`streams.TensorStream`), so
     the resumed run reads on from there, whatever the step;
   - `state.json`: the step, and the state of every callback that keeps one
@@ -25,12 +29,16 @@ import re
 import shutil
 import time
 
+import keras
+import numpy as np
+
 from pipelines.errors import CheckpointError
 from pipelines.files import read_json, staging_folder, write_json
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS = "weights.weights.h5"
+NON_TRAINABLE = "non_trainable.npz"
 STATE = "state.json"
 STREAM = "stream"
 # The files Keras's BackupAndRestore wrote, in backups of earlier versions.
@@ -67,6 +75,10 @@ class RunBackup:
         write: bool, whether this process writes (every worker of a
             multi-worker run keeps its own backup; a process that only
             restores passes False).
+        stream_settings: dict, the settings the input stream's position
+            depends on (batch tokens, accumulation); where a backup holds
+            others, its position is not restored and the stream starts anew
+            (`restarts_stream`).
 
     Example:
     >>> backup = RunBackup("/tmp/run/backup", every=100)
@@ -74,12 +86,13 @@ class RunBackup:
     True
     """
 
-    def __init__(self, backup_dir, every=100, write=True):
+    def __init__(self, backup_dir, every=100, write=True, stream_settings=None):
         if every < 1:
             raise ValueError(f"every must be >= 1. Received: every={every}")
         self.backup_dir = backup_dir
         self.every = every
         self.write = write
+        self.stream_settings = stream_settings or {}
         self.saved_step = None
         self.save_seconds = []
 
@@ -87,6 +100,18 @@ class RunBackup:
         """int or None: the step of the newest complete backup."""
         folders = backup_folders(self.backup_dir)
         return folders[-1][0] if folders else None
+
+    def latest_state(self):
+        """dict or None: the newest backup's `state.json`."""
+        folders = backup_folders(self.backup_dir)
+        return read_json(os.path.join(folders[-1][1], STATE)) if folders else None
+
+    def restarts_stream(self):
+        """The step at which the stream starts anew (its settings changed), or None."""
+        state = self.latest_state()
+        if state is None or state.get("stream_settings", {}) == self.stream_settings:
+            return None
+        return state["step"]
 
     def check_format(self):
         """Raises `CheckpointError` for a backup an earlier version wrote (it cannot resume)."""
@@ -105,8 +130,9 @@ class RunBackup:
             stream: the training stream (`save`/`restore`), or None.
 
         Returns:
-            dict, the backup's `state.json` (`step`, `callbacks`), or None
-            where there is no backup.
+            dict, the backup's `state.json` (`step`, `callbacks`, and
+            `stream_step`: the step the stream stands at, 0 where the
+            backup holds no position), or None where there is no backup.
         """
         self.check_format()
         folders = backup_folders(self.backup_dir)
@@ -115,9 +141,23 @@ class RunBackup:
         step, folder = folders[-1]
         started = time.perf_counter()
         model.load_weights(os.path.join(folder, WEIGHTS))
+        with np.load(os.path.join(folder, NON_TRAINABLE)) as saved:
+            values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        for variable, value in zip(model.non_trainable_variables, values, strict=True):
+            variable.assign(value)
         state = read_json(os.path.join(folder, STATE))
-        if stream is not None and state.get("stream"):
+        state["stream_step"] = 0
+        if self.restarts_stream() is not None:
+            logger.info(
+                "The data order starts anew at step %d: %s -> %s",
+                step,
+                state.get("stream_settings"),
+                self.stream_settings,
+            )
+            state["stream_step"] = step
+        elif stream is not None and state.get("stream"):
             stream.restore(os.path.join(folder, STREAM))
+            state["stream_step"] = step
         self.saved_step = step
         logger.info("Restored the backup of step %d in %.1f s", step, time.perf_counter() - started)
         return state
@@ -141,9 +181,17 @@ class RunBackup:
         started = time.perf_counter()
         staging = staging_folder(self.backup_dir)
         model.save_weights(os.path.join(staging, WEIGHTS))
+        values = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]
+        with open(os.path.join(staging, NON_TRAINABLE), "wb") as handle:
+            np.savez(handle, *values)
         if stream is not None:
             stream.save(os.path.join(staging, STREAM))
-        state = {"step": step, "stream": stream is not None, "callbacks": callbacks_state}
+        state = {
+            "step": step,
+            "stream": stream is not None,
+            "stream_settings": self.stream_settings,
+            "callbacks": callbacks_state,
+        }
         write_json(os.path.join(staging, STATE), state)
         final = os.path.join(self.backup_dir, f"step-{step:09d}")
         if os.path.exists(final):  # a backup of this step a killed run left: this one is whole

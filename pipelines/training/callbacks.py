@@ -21,18 +21,20 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def without_optimizer(model):
-    """The model with no optimizer attached, so a save holds its weights alone.
+    """The model uncompiled, with no optimizer attached, so a save holds its weights alone.
 
     A compiled model's `.keras` file holds the optimizer's state too (Adam:
     twice the weights); a checkpoint for averaging or export needs only the
-    weights, and the rolling backup keeps the optimizer's state.
+    weights, and the rolling backup keeps the optimizer's state. Saved
+    uncompiled, the file loads without an optimizer that would look for
+    state the file does not hold.
     """
-    optimizer = model.optimizer
-    model.optimizer = None
+    optimizer, compiled = model.optimizer, model.compiled
+    model.optimizer, model.compiled = None, False
     try:
         yield model
     finally:
-        model.optimizer = optimizer
+        model.optimizer, model.compiled = optimizer, compiled
 
 
 def save_weights_checkpoint(model, path):

@@ -2,7 +2,12 @@
 
 A rerun of `kt train` into a folder that holds a run (its `config.json`)
 resumes that run, and may change only what a resumed run can honour: how
-long it trains and what it writes at the end (`RESUMABLE`). Any other
+long it trains, what it checks and keeps on the way, and what it writes at
+the end (`RESUMABLE`). The batching of an update (`STREAM`) may change too,
+the data order then starting anew where the run stands: freely where the
+tokens of an update stay the same (`batch_tokens` times
+`accumulation_steps`, after an out-of-memory error or a move to other
+hardware), else only when asked (`--restart-data-order`). Any other
 difference, an architecture or the data, would train a different model
 over the first one's outputs, so it is refused before any work.
 """
@@ -21,7 +26,12 @@ RESUMABLE = (
     "max_minutes",
     "reserve_minutes",
     "backup_every",
+    "keep_checkpoints",
+    "validation_sentences",
+    "validation_beam",
+    "min_improvement",
     "early_stopping_patience",
+    "select",
     "average_last",
     "average_share",
     "heldout_split",
@@ -30,6 +40,8 @@ RESUMABLE = (
     "extra_length",
     "tree_constraint",
 )
+# The settings of an update's batching: a change restarts the data order (see above).
+STREAM = ("batch_tokens", "accumulation_steps")
 # Settings that name files or folders: compared as absolute paths.
 PATHS = (
     "multi30k_dir",
@@ -63,7 +75,7 @@ def differing_settings(recorded, config):
     """
     differing = []
     for item in SETTINGS.values():
-        if item.name in RESUMABLE:
+        if item.name in RESUMABLE or item.name in STREAM:
             continue
         old = recorded.get(item.group, {}).get(item.name, item.default)
         new = getattr(getattr(config, item.group), item.name)
@@ -72,11 +84,21 @@ def differing_settings(recorded, config):
     return differing
 
 
-def check_rerun(config):
+def stream_settings(config):
+    """`{name: value}` of the `STREAM` settings: what the saved data position depends on."""
+    return {
+        "batch_tokens": config.batching.batch_tokens,
+        "accumulation_steps": config.optimization.accumulation_steps,
+    }
+
+
+def check_rerun(config, restart_data_order=False):
     """Refuses a run into a folder that holds a run of other settings.
 
     Args:
         config: the new run's `TrainConfig`.
+        restart_data_order: bool, the rerun may change the tokens of an
+            update (`STREAM`), its data order starting anew.
 
     Raises:
         ConfigError: one line naming each differing setting with both
@@ -86,13 +108,28 @@ def check_rerun(config):
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         return
-    differing = differing_settings(read_json(path), config)
+    recorded = read_json(path)
+    differing = differing_settings(recorded, config)
     if differing:
         changes = ", ".join(
             f"{name} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in differing
         )
         raise ConfigError(
             f"output_dir {folder} holds a run with other settings ({changes}); a rerun may "
-            f"change only {', '.join(RESUMABLE[1:])}. Train into a new --output-dir, "
+            f"change only {', '.join(RESUMABLE[1:] + STREAM)}. Train into a new --output-dir, "
             f"or start a new run from this one with --init-from {folder}"
+        )
+    old = {
+        name: recorded.get(SETTINGS[name].group, {}).get(name, SETTINGS[name].default)
+        for name in STREAM
+    }
+    new = stream_settings(config)
+    tokens = old["batch_tokens"] * old["accumulation_steps"]
+    if tokens != new["batch_tokens"] * new["accumulation_steps"] and not restart_data_order:
+        raise ConfigError(
+            f"output_dir {folder}: batch_tokens x accumulation_steps "
+            f"{old['batch_tokens']} x {old['accumulation_steps']} -> "
+            f"{new['batch_tokens']} x {new['accumulation_steps']} changes the tokens of an "
+            f"update; keep their product at {tokens}, or pass --restart-data-order to go on "
+            "with larger or smaller updates"
         )

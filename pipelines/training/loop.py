@@ -181,7 +181,7 @@ class TrainingLoop:
             logger.info("Resuming at step %d of %d", step, steps)
         if restored:
             set_callbacks_state(callbacks, restored.get("callbacks", {}))
-        stream_step = restored["step"] if restored and restored.get("stream") else 0
+        stream_step = restored["stream_step"] if restored else 0
         if step > stream_step:
             logger.info("Skipping the %d batches the restored steps read", step - stream_step)
             stream.skip((step - stream_step) * self.accumulation_steps)

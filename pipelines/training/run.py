@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
@@ -32,6 +33,7 @@ from pipelines.training.checkpoints import (
     load_checkpoint,
 )
 from pipelines.training.heldout import heldout_pairs, heldout_scores, validation_scorer
+from pipelines.training.identity import stream_settings
 from pipelines.training.init_from import find_source, source_model_arguments
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.process_batches import ProcessBatches
@@ -129,7 +131,7 @@ def _terminal():
     return sys.stdout.isatty()
 
 
-def _train_dataset_fn(config, manifest, folder):
+def _train_dataset_fn(config, manifest, folder, seed):
     """A function for `strategy.distribute_datasets_from_function`.
 
     Each input pipeline (worker) reads its own shards of the prepared
@@ -145,12 +147,15 @@ def _train_dataset_fn(config, manifest, folder):
             context.input_pipeline_id,
             context.num_input_pipelines,
             config.batching.batch_tokens // context.num_replicas_in_sync,
+            seed,
         )
 
     return dataset_fn
 
 
-def training_batches(config, manifest, folder, pipeline, pipelines, batch_tokens, **shapes):
+def training_batches(
+    config, manifest, folder, pipeline, pipelines, batch_tokens, seed=None, **shapes
+):
     """Input pipeline `pipeline`'s training batches: its shards, shuffled, repeated, bucketed.
 
     Args:
@@ -159,13 +164,16 @@ def training_batches(config, manifest, folder, pipeline, pipelines, batch_tokens
         pipeline, pipelines: int, this input pipeline and their number (it
             reads every `pipelines`-th shard, see `shards.read_examples`).
         batch_tokens: int, this pipeline's token budget (`max_length` at least).
+        seed: int or None, the data order's seed (None: the run's; see
+            `data_order_seed`).
         **shapes: `fixed_shapes`, `row_multiple`, `ratio` for
             `batching.batch_examples` (JAX's one shape per bucket).
 
     Returns:
         `tf.data.Dataset` of `((source_ids, target_input_ids), target_output_ids)`.
     """
-    seed, max_length = config.optimization.seed, config.batching.max_length
+    seed = config.optimization.seed if seed is None else seed
+    max_length = config.batching.max_length
     examples = shards.read_examples(manifest, folder, True, seed, pipeline, pipelines)
     return batching.batch_examples(
         examples,
@@ -189,7 +197,7 @@ def _tensorflow_parallel(config):
         worker=worker,
         workers=_tf_workers(),
         scope=strategy.scope,
-        train_data=lambda manifest, folder: _train_dataset_fn(config, manifest, folder),
+        train_data=lambda manifest, folder, seed: _train_dataset_fn(config, manifest, folder, seed),
         validation_data=lambda manifest, folder: _validation_batches(config, manifest, folder),
         trainer=lambda model, optimizer, schedule: Trainer(
             model,
@@ -220,7 +228,9 @@ def _validation_batches(config, manifest, folder, **shapes):
     )
 
 
-def process_batches(config, manifest, folder, pipelines, processes, row_multiple, gather=None):
+def process_batches(
+    config, manifest, folder, pipelines, processes, row_multiple, gather=None, seed=None
+):
     """The training batches of JAX processes that each read their own shards.
 
     Process `p` of `processes` batches the shards of input pipeline `p` into
@@ -238,6 +248,7 @@ def process_batches(config, manifest, folder, pipelines, processes, row_multiple
             (the process's devices).
         gather: callable, the processes' all-gather (see `ProcessBatches`);
             None where this process runs every pipeline.
+        seed: int or None, the data order's seed (None: the run's).
 
     Returns:
         `ProcessBatches` over the local batches of `pipelines`.
@@ -246,7 +257,9 @@ def process_batches(config, manifest, folder, pipelines, processes, row_multiple
     budget = config.batching.batch_tokens // processes
 
     def stream(pipeline):
-        batches = training_batches(config, manifest, folder, pipeline, processes, budget, **shapes)
+        batches = training_batches(
+            config, manifest, folder, pipeline, processes, budget, seed, **shapes
+        )
         return MappedStream(TensorStream(batches), to_numpy)
 
     bounds = batching.bucket_bounds(config.batching.max_length, JAX_BUCKET_RATIO)
@@ -284,7 +297,7 @@ def _jax_parallel(config):
             "it trains (its weights span the processes); score with metric loss"
         )
 
-    def train_data(manifest, folder):
+    def train_data(manifest, folder, seed):
         if processes > 1:
             from jax.experimental import multihost_utils
 
@@ -297,9 +310,10 @@ def _jax_parallel(config):
                 processes,
                 jax.local_device_count(),
                 multihost_utils.process_allgather,
+                seed,
             )
         return training_batches(
-            config, manifest, folder, 0, 1, config.batching.batch_tokens, **shapes
+            config, manifest, folder, 0, 1, config.batching.batch_tokens, seed, **shapes
         )
 
     return SimpleNamespace(
@@ -320,6 +334,26 @@ def _jax_parallel(config):
         ),
         clock=jax_budget_clock,
     )
+
+
+def data_order_seed(seed, restarted_at=None):
+    """The seed of the training data's order: the run's, or one of its own after a restart.
+
+    A run resumed with another batching cannot read on from its saved
+    position (the batches differ); its stream starts anew at the restored
+    step, shuffled by a seed drawn from the run's and that step, so it does
+    not replay the order the run began with.
+
+    Args:
+        seed: int, the run's seed.
+        restarted_at: int or None, the step the stream starts anew at.
+
+    Returns:
+        int.
+    """
+    if restarted_at is None:
+        return seed
+    return int(np.random.SeedSequence([seed, restarted_at]).generate_state(1)[0])
 
 
 def build_model(config, spm_path):
@@ -437,8 +471,14 @@ def _run_training(config):
         model, schedule, optimizer = build_model(config, spm_path)
     logger.info("Model: %s parameters", f"{model.count_params():,}")
     trainer = parallel.trainer(model, optimizer, schedule)
+    backup = RunBackup(
+        os.path.join(out_dir, "backup"),
+        config.output.backup_every,
+        stream_settings=stream_settings(config),
+    )
+    seed = data_order_seed(config.optimization.seed, backup.restarts_stream())
     history = trainer.fit(
-        parallel.train_data(train, train_dir),
+        parallel.train_data(train, train_dir, seed),
         steps=config.optimization.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.optimization.steps_per_epoch,
         callbacks=_callbacks(
@@ -446,7 +486,7 @@ def _run_training(config):
         ),
         validation_data=validation_data,
         verbose=1 if worker == 0 and _terminal() else 0,
-        backup=RunBackup(os.path.join(out_dir, "backup"), config.output.backup_every),
+        backup=backup,
         validation_scores=validation_scorer(config, out_dir, validation_pairs),
     )
     seconds = {"started": started, "trained": time.perf_counter() - started}

@@ -68,6 +68,37 @@ def test_pending_batches_are_bounded(caplog):
     assert "16 local batches dropped" in caplog.text  # 8 of each pipeline, 3 kept and one read
 
 
+def test_a_restored_stream_goes_on_with_the_batches_it_held(tmp_path):
+    import tensorflow as tf
+
+    from pipelines.training.streams import MappedStream, TensorStream, to_numpy
+
+    bounds = [4, 8, 16]
+    lengths = [[4, 8, 8, 16, 4, 16, 8, 4] * 3, [8, 16, 4, 4, 16, 8, 8, 4] * 3]
+
+    def make_streams():  # saveable tf.data streams, as the run's pipelines are
+        def dataset(pipeline):
+            rows = [batch(n, 1, 100 * pipeline + t) for t, n in enumerate(lengths[pipeline])]
+            data = tf.data.Dataset.from_tensors(rows[0])
+            for row in rows[1:]:
+                data = data.concatenate(tf.data.Dataset.from_tensors(row))
+            return data
+
+        return [MappedStream(TensorStream(dataset(p)), to_numpy) for p in (0, 1)]
+
+    def tags(step):
+        return step[0][0][:, 0].tolist()
+
+    whole = [tags(step) for step in ProcessBatches(make_streams, bounds)]
+    stream = iter(ProcessBatches(make_streams, bounds))
+    first = [tags(next(stream)) for _ in range(5)]
+    assert any(len(queue) for queues in stream.pending for queue in queues.values())
+    stream.save(str(tmp_path / "stream"))
+    restored = iter(ProcessBatches(make_streams, bounds))
+    restored.restore(str(tmp_path / "stream"))
+    assert first + [tags(step) for step in restored] == whole
+
+
 def run_processes(out, flags, timeout=600):
     """`kt train` as two JAX processes of one CPU device each, on a loopback coordinator."""
     coordinator = f"127.0.0.1:{free_port()}"
@@ -102,8 +133,15 @@ def test_two_processes_train_as_one_process_on_the_same_global_batches(tmp_path)
     # One process, one device, the two pipelines' rows side by side: the same steps.
     config = load_config(config_file=str(out / "config.json"))
     batches = process_batches(config, manifest, train_dir, [0, 1], 2, row_multiple=1)
-    history, model, _ = train_on_one_device(config, out, batches, steps=6, steps_per_epoch=3)
-    assert history.history["loss"] == pytest.approx(result["history"]["loss"], abs=2e-5)
+    history, model, _ = train_on_one_device(config, out, batches, steps=9, steps_per_epoch=3)
+    assert history.history["loss"][:2] == pytest.approx(result["history"]["loss"], abs=2e-5)
     trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
+    # Given 3 more steps, both processes go on from their backups: each restores its
+    # pipeline's position and the batches it held, and they take the steps one process takes.
+    run_processes(out, ["--steps", "9", "--steps-per-epoch", "3", "--average-last", "1", *TINY])
+    extended = json.loads((out / "result.json").read_text())
+    assert extended["resumed_at_step"] == 6 and extended["steps"] == 9
+    assert extended["history"]["loss"] == pytest.approx(history.history["loss"][2:], abs=2e-5)
+    trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-003.keras"))
     for expected, actual in zip(trained.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_allclose(actual, expected, atol=1e-4)

@@ -110,6 +110,7 @@ def test_mixed_float16_is_refused_before_any_work(tmp_path, capsys):
     assert list(out.iterdir()) == []  # the command's checks made the folder; nothing written
 
 
+@pytest.mark.slow
 def test_a_run_killed_late_resumes_on_the_batches_it_would_have_read(tmp_path):
     # About 30 fixed-shape batches a pass: the kill comes after step 80, in the third pass.
     steps = ["--steps", "120", "--steps-per-epoch", "120", "--backup-every", "5"]

@@ -154,8 +154,9 @@ def test_a_mixed_bfloat16_step_is_the_float32_step_to_bfloat16_precision(single_
         np.testing.assert_allclose(actual, expected, atol=2e-2)
 
 
-def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
+def test_a_late_resume_restores_the_stream_and_trains_on_the_same_batches(tmp_path):
     from pipelines.data.batching import batch_examples
+    from pipelines.training.backup import RunBackup
 
     examples = varied_examples()
 
@@ -163,25 +164,26 @@ def test_a_resumed_run_reads_on_where_it_stopped(tmp_path):
         pass
 
     def interrupt(epoch, logs):
-        if epoch == 1:
+        if epoch == 5:
             raise Interrupt
 
     def train(backup, extra=()):
         model = tiny_model(TWO)
         trainer = JaxTrainer(model, keras.optimizers.Adam(1e-2), TWO)
-        # Shuffled, repeated, several batch shapes, built anew as in a new process.
+        # Shuffled, repeated, several batch shapes, built anew as in a new process:
+        # step 18 is in the third pass.
         data = batch_examples(
             examples, 40, 12, repeat=True, seed=5, fixed_shapes=True, row_multiple=2
         )
-        callbacks = [keras.callbacks.BackupAndRestore(str(backup)), *extra]
-        trainer.fit(data, steps=9, steps_per_epoch=3, callbacks=callbacks, verbose=0)
+        backup = RunBackup(str(backup), every=3)
+        trainer.fit(data, steps=24, steps_per_epoch=3, callbacks=extra, backup=backup, verbose=0)
         return trainer, [np.asarray(w) for w in model.trainable_weights]
 
     _, uninterrupted = train(tmp_path / "a")
     with pytest.raises(Interrupt):
         train(tmp_path / "b", [keras.callbacks.LambdaCallback(on_epoch_end=interrupt)])
     resumed, weights = train(tmp_path / "b")
-    assert resumed.initial_step == 6
+    assert resumed.initial_step == 18
     for expected, actual in zip(uninterrupted, weights, strict=True):
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 

@@ -1,6 +1,7 @@
 """A long run's machinery: backups, checkpoints that fit the disk, EMA, the run folder's lock."""
 
 import json
+import logging
 import os
 import zipfile
 
@@ -144,3 +145,86 @@ def test_a_run_folder_in_use_is_refused_naming_its_process(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: output_dir") and f"process {os.getpid()}" in err
     assert sorted(os.listdir(out)) == []  # nothing prepared, the lock file gone with its holder
+
+
+def test_a_resume_may_rebatch_an_update_and_the_data_order_starts_anew(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--steps-per-epoch", "2", *TINY, "--heldout-split", "none"]
+    assert main([*flags, "--steps", "2"]) == 0
+    # 512 tokens x 1 -> 256 x 2: the same tokens an update, after an out-of-memory error say.
+    assert main([*flags, "--steps", "4", "--batch-tokens", "256", "--accumulation-steps", "2"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["resumed_at_step"] == 2 and result["steps"] == 4
+    assert "The data order starts anew at step 2" in caplog.text
+    assert "Skipping" not in caplog.text  # no batches read past: a new order, not a replay
+    # Larger updates only when asked, naming the settings and the flag.
+    capsys.readouterr()
+    assert main([*flags, "--steps", "6", "--batch-tokens", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert "batch_tokens x accumulation_steps 256 x 2 -> 1024 x 1" in err
+    assert "--restart-data-order" in err
+    assert main([*flags, "--steps", "6", "--batch-tokens", "1024", "--restart-data-order"]) == 0
+    assert json.loads((out / "result.json").read_text())["resumed_at_step"] == 4
+
+
+def test_data_order_seed_is_the_runs_until_a_restart():
+    from pipelines.training.run import data_order_seed
+
+    assert data_order_seed(7) == 7
+    restarted = {data_order_seed(7, step) for step in (2, 4)} | {data_order_seed(8, 2)}
+    assert len(restarted) == 3 and 7 not in restarted
+    assert data_order_seed(7, 2) == data_order_seed(7, 2)  # every worker draws the same
+
+
+def test_validation_bleu_picks_the_best_checkpoint_that_model_keras_holds(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--steps", "6", "--steps-per-epoch", "2", *TINY]
+    scoring = ["--validation-sentences", "20", "--metric", "chrf", "--select", "best"]
+    assert main([*flags, *scoring, "--heldout-split", "none", "--ema", "0.9"]) == 0
+    history = json.loads((out / "result.json").read_text())["history"]
+    assert len(history["val_bleu"]) == len(history["val_chrf"]) == 3
+    assert all(0.0 <= bleu <= 100.0 for bleu in history["val_bleu"])
+    best = json.loads((out / "checkpoints" / "best.json").read_text())
+    assert best["val_chrf"] == pytest.approx(max(history["val_chrf"]), abs=1e-4)
+    assert best["step"] == 2 * (1 + history["val_chrf"].index(max(history["val_chrf"])))
+    chosen, kept = (
+        keras.saving.load_model(out / name) for name in ("model.keras", "checkpoints/best.keras")
+    )
+    for expected, actual in zip(kept.get_weights(), chosen.get_weights(), strict=True):
+        np.testing.assert_array_equal(actual, expected)
+
+
+def test_select_ema_writes_the_moving_average_into_model_keras(tmp_path):
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--steps", "4", "--steps-per-epoch", "2", *TINY]
+    assert main([*flags, "--heldout-split", "none", "--ema", "0.5", "--select", "ema"]) == 0
+    ema = keras.saving.load_model(out / "model.keras").get_weights()
+    last = keras.saving.load_model(out / "checkpoints" / "epoch-002.keras").get_weights()
+    previous = keras.saving.load_model(out / "checkpoints" / "epoch-001.keras").get_weights()
+    # Not the last weights, but between them and earlier ones, weight by weight.
+    assert any(not np.array_equal(a, b) for a, b in zip(ema, last, strict=True))
+    moved = [
+        np.abs(average - end).sum() <= np.abs(before - end).sum()
+        for average, end, before in zip(ema, last, previous, strict=True)
+    ]
+    assert all(moved)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--metric", "bleu"], "metric bleu needs validation_sentences"),
+        (["--select", "ema"], "select ema needs optimization.ema"),
+        (["--keep-checkpoints", "3", "--average-share", "0.5"], "set average_last instead"),
+        (["--ema", "1.0"], "ema must be less than 1.0"),
+    ],
+)
+def test_long_run_settings_that_cannot_work_are_refused_before_any_work(
+    tmp_path, capsys, flags, message
+):
+    out = tmp_path / "run"
+    assert main(["--output-dir", str(out), *flags, *TINY]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not out.exists() or list(out.iterdir()) == []

@@ -163,6 +163,7 @@ class JaxTrainer(TrainingLoop):
         gradients, sums, non_trainable = self._gradients(trainable, non_trainable, pending, batch)
         scale = 1.0 / ops.maximum(sums[1], 1.0)  # the global batch's token mean
         gradients = [g * scale for g in gradients]
+        norm = ops.sqrt(sum(ops.sum(ops.square(g)) for g in gradients))
         mapping = [
             *zip(self.model.trainable_variables, trainable, strict=True),
             *zip(self.optimizer.variables, optimizer_variables, strict=True),
@@ -173,7 +174,7 @@ class JaxTrainer(TrainingLoop):
             self.optimizer.apply(gradients)
         trainable = [scope.get_current_value(v) for v in self.model.trainable_variables]
         optimizer_variables = [scope.get_current_value(v) for v in self.optimizer.variables]
-        return trainable, non_trainable, optimizer_variables, sums
+        return trainable, non_trainable, optimizer_variables, ops.concatenate([sums, norm[None]])
 
     @property
     def spans_processes(self):
@@ -245,8 +246,9 @@ class JaxTrainer(TrainingLoop):
                 `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
 
         Returns:
-            float32 `(3,)`: summed loss, real tokens and correct tokens of the
-            global batch.
+            float32 `(4,)`: summed loss, real tokens and correct tokens of the
+            global batch, and the norm of the update's gradient (of the
+            token-mean loss).
         """
         model, optimizer = self.model, self.optimizer
         trainable = _values(model.trainable_variables)

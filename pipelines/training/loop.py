@@ -3,7 +3,8 @@
 A subclass supplies the backend's half: `_stream(dataset)` (the training
 stream, a `streams.TensorStream` or another iterator with `save`, `restore`
 and `skip`), `train_step(stream)` (one optimizer step; the global batch's
-summed loss, real tokens and correct tokens) and `evaluate(dataset, steps)`.
+summed loss, real tokens and correct tokens, and the gradient's norm) and
+`evaluate(dataset, steps)`.
 The loop drives Keras callbacks the way `keras.Model.fit` does and counts
 optimizer steps; with a `RunBackup` it saves the whole training state every
 few steps, and a run restored from it ends where an uninterrupted one would,
@@ -65,6 +66,8 @@ class TrainingLoop:
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
         self.validation_seconds = 0.0
+        self.first_step_time = None  # `time.perf_counter()` as this process's first step ended
+        self.started = time.perf_counter()  # the run's start, for the log (a run sets its own)
         self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
 
     def _validate(self, dataset, steps, scores):
@@ -158,7 +161,8 @@ class TrainingLoop:
 
         Returns:
             `keras.callbacks.History` of per-epoch logs: `loss`, `accuracy`,
-            `learning_rate`, `tokens_per_second`, `val_*`.
+            `learning_rate`, `tokens_per_second`, `gradient_norm` (the last
+            update's, where the trainer measures it), `val_*`.
         """
         steps_per_epoch = steps_per_epoch or steps
         epochs = math.ceil(steps / steps_per_epoch)
@@ -193,13 +197,22 @@ class TrainingLoop:
             for batch in range(step - epoch * steps_per_epoch, last):
                 callbacks.on_train_batch_begin(batch)
                 totals = np.asarray(self.train_step(stream))
-                sums = [a + float(b) for a, b in zip(sums, totals, strict=True)]
+                sums = [a + float(b) for a, b in zip(sums, totals[:3], strict=True)]
                 step += 1
+                if self.first_step_time is None:
+                    self.first_step_time = time.perf_counter()
+                    logger.info(
+                        "First step of this process: step %d, %.2f s after the run started",
+                        step,
+                        self.first_step_time - self.started,
+                    )
                 logs = {
                     **{k: v for k, v in token_metrics(sums).items() if k != "tokens"},
                     "learning_rate": self.learning_rate(),
                     "tokens_per_second": sums[1] / (time.perf_counter() - started),
                 }
+                if totals[3] >= 0:  # the last update's, where measured
+                    logs["gradient_norm"] = float(totals[3])
                 callbacks.on_train_batch_end(batch, logs)
                 if backup and backup.due(step):
                     backup.save(step, self.model, stream, callbacks_state(callbacks))

@@ -16,12 +16,19 @@ def _minutes(seconds):
     return f"{minutes}m{seconds:02d}s"
 
 
+def _value(key, value):
+    """`key value`: rates and norms, small numbers, to 4 significant digits."""
+    small = key in ("learning_rate", "gradient_norm")
+    return f"{key} {float(value):.4g}" if small else f"{key} {float(value):.4f}"
+
+
 class ProgressLines(keras.callbacks.Callback):
     """Prints one line at the end of every epoch: step, metrics, rate, time left.
 
     Example line:
-        epoch 3: step 600/1600, loss 3.2104, val_loss 3.0012, 2.1 steps/s,
-        4m46s elapsed, about 7m56s left
+        epoch 3: step 600/1600, loss 3.2104, gradient_norm 0.8312,
+        learning_rate 0.0007424, val_loss 3.0012, 2.1 steps/s, 4m46s
+        elapsed, about 7m56s left
 
     Args:
         planned_steps: callable returning the run's planned total steps (an
@@ -31,7 +38,16 @@ class ProgressLines(keras.callbacks.Callback):
         clock: callable returning seconds, default `time.monotonic`.
     """
 
-    KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
+    KEYS = (
+        "loss",
+        "accuracy",
+        "gradient_norm",
+        "learning_rate",
+        "val_loss",
+        "val_accuracy",
+        "val_bleu",
+        "val_chrf",
+    )
 
     def __init__(self, planned_steps, stream=None, clock=time.monotonic):
         super().__init__()
@@ -50,7 +66,7 @@ class ProgressLines(keras.callbacks.Callback):
         rate = (step - self._first_step) / max(elapsed, 1e-9)
         planned = self.planned_steps()
         parts = [f"step {step}" + (f"/{planned}" if planned else "")]
-        parts += [f"{key} {float(logs[key]):.4f}" for key in self.KEYS if key in logs]
+        parts += [_value(key, logs[key]) for key in self.KEYS if key in logs]
         parts += [f"{rate:.2f} steps/s", f"{_minutes(elapsed)} elapsed"]
         if planned and rate > 0:
             parts.append(f"about {_minutes(max(planned - step, 0) / rate)} left")

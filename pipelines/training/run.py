@@ -471,6 +471,7 @@ def _run_training(config):
         model, schedule, optimizer = build_model(config, spm_path)
     logger.info("Model: %s parameters", f"{model.count_params():,}")
     trainer = parallel.trainer(model, optimizer, schedule)
+    trainer.started = started
     backup = RunBackup(
         os.path.join(out_dir, "backup"),
         config.output.backup_every,
@@ -489,7 +490,13 @@ def _run_training(config):
         backup=backup,
         validation_scores=validation_scorer(config, out_dir, validation_pairs),
     )
-    seconds = {"started": started, "trained": time.perf_counter() - started}
+    seconds = {
+        "started": started,
+        "trained": time.perf_counter() - started,
+        "to_first_step": trainer.first_step_time and trainer.first_step_time - started,
+        "validation": trainer.validation_seconds,
+        "backup": sum(backup.save_seconds),
+    }
     return _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, seconds)
 
 
@@ -542,6 +549,10 @@ def _finish(config, out_dir, trainer, history, validation_pairs, test_pairs, sec
     # This process's wall-clock time to the end of training, and with evaluation included
     # (not earlier runs resumed from).
     result["training_seconds"] = round(seconds["trained"], 1)
+    if seconds["to_first_step"] is not None:  # start-up: data checks, model, restoring a backup
+        result["seconds_to_first_step"] = round(seconds["to_first_step"], 2)
+    result["validation_seconds"] = round(seconds["validation"], 1)
+    result["backup_seconds"] = round(seconds["backup"], 1)
     result["seconds"] = round(time.perf_counter() - seconds["started"], 1)
     write_json(os.path.join(out_dir, "result.json"), result)
     trainer.join_processes()

@@ -145,8 +145,13 @@ class Trainer(TrainingLoop):
         totals = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)  # (3,) global sums
         scale = 1.0 / tf.maximum(totals[1], 1.0)
         gradients = [g * scale for g in gradients]
+        # The update's gradient norm, where this replica holds the whole gradient (the
+        # optimizer sums the replicas' inside its update); -1: not measured.
+        norm = tf.constant(-1.0)
+        if self.strategy.num_replicas_in_sync == 1:
+            norm = tf.linalg.global_norm(gradients) / self.optimizer.scale_loss(1.0)
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
-        return totals
+        return tf.concat([totals, [norm]], axis=0)
 
     # Cross-replica functions ---------------------------------------------
 
@@ -198,8 +203,9 @@ class Trainer(TrainingLoop):
                 one per local replica in turn.
 
         Returns:
-            float32 `(3,)`: summed loss, real tokens and correct tokens of the
-            global batch.
+            float32 `(4,)`: summed loss, real tokens and correct tokens of the
+            global batch, and the norm of the update's gradient (of the
+            token-mean loss; -1 where replicas hold parts of it).
         """
         for _ in range(self.accumulation_steps - 1):
             self._accumulate_function(stream.iterator)

@@ -188,6 +188,16 @@ def test_a_late_resume_restores_the_stream_and_trains_on_the_same_batches(tmp_pa
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
+    model = tiny_model(TWO)
+    trainer = JaxTrainer(model, keras.optimizers.SGD(0.5), TWO)
+    before = model.get_weights()
+    history = trainer.fit(stream([token_batch(0)]), steps=1, verbose=0)
+    moved = [(a - b).ravel() for a, b in zip(model.get_weights(), before, strict=True)]
+    expected = np.linalg.norm(np.concatenate(moved)) / 0.5  # SGD's step is rate times gradient
+    assert history.history["gradient_norm"][0] == pytest.approx(expected, rel=1e-4)
+
+
 def test_refusals():
     model = tiny_model(TWO)
     trainer = JaxTrainer(model, keras.optimizers.SGD(0.1), TWO)

@@ -228,3 +228,18 @@ def test_long_run_settings_that_cannot_work_are_refused_before_any_work(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
+    keras.utils.set_random_seed(3)
+    with ONE.scope():
+        model = kt.Transformer(30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2)
+        model.build(((None, None), (None, None)))
+        optimizer = keras.optimizers.SGD(0.5)
+    trainer = Trainer(model, optimizer, ONE)
+    before = model.get_weights()
+    history = trainer.fit(batches(1), steps=1, verbose=0)
+    moved = [(a - b).ravel() for a, b in zip(model.get_weights(), before, strict=True)]
+    expected = np.linalg.norm(np.concatenate(moved)) / 0.5  # SGD's step is rate times gradient
+    assert history.history["gradient_norm"][0] == pytest.approx(expected, rel=1e-4)
+    assert history.history["learning_rate"][0] == pytest.approx(0.5)

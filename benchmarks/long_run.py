@@ -117,15 +117,13 @@ def same_weights(first, second):
 
 
 def resume_study(args):
-    from pipelines.commands import train as command
-
     flags = ["--steps", str(args.steps), "--steps-per-epoch", str(args.validate_every),
              "--backup-every", str(args.backup_every), "--keep-checkpoints", str(args.keep),
              "--validation-sentences", str(args.validation_sentences), *TINY]  # fmt: skip
     whole_dir = os.path.join(args.output_dir, "whole")
     started = time.perf_counter()
-    if command.main(["--output-dir", whole_dir, *flags]):
-        raise SystemExit("the uninterrupted run failed")
+    # A process of its own, as the killed run's are (a caller's devices do not leak in).
+    run_to_end([sys.executable, "-m", "pipelines", "train", "--output-dir", whole_dir, *flags])
     whole_seconds = time.perf_counter() - started
     whole = json.load(open(os.path.join(whole_dir, "result.json"), encoding="utf-8"))
 

@@ -21,6 +21,7 @@ from benchmarks import (
     gpu_recipe_study,
     gpu_training,
     int8_serving,
+    long_run,
     multi30k_recipe,
     pipeline_efficiency,
     ptb_recipe,
@@ -524,3 +525,22 @@ def test_corpus_scale_lines_are_two_multi30k_sentences(multi30k_dir, tmp_path):
             )
             for first in targets
         ), (source, target)
+
+
+@pytest.mark.slow
+def test_long_run_smoke(tmp_path):
+    output = tmp_path / "long_run.json"
+    argv = ["--output-dir", str(tmp_path / "runs"), "--steps", "60", "--validate-every", "6",
+            "--backup-every", "5", "--keep", "3", "--validation-sentences", "8",
+            "--early", "10", "--late", "40", "--output", str(output)]  # fmt: skip
+    assert long_run.main(argv) == 0
+    result = read(output)
+    resume, disk = result["resume"], result["disk"]
+    assert 10 <= resume["early_step"] < resume["late_step"] == resume["resumed_at_step"] < 60
+    assert resume["early_seconds_to_first_step"] > 0 and resume["late_seconds_to_first_step"] > 0
+    assert resume["max_weight_difference_to_uninterrupted"] < 1e-4  # the same batches
+    assert not resume["skipped_batches"]
+    # 10 epochs, 3 kept (the last 3, as averaging reads 1), best.keras beside them.
+    assert disk["epoch_checkpoints_kept"] == 3 and "best.keras" in disk["checkpoint_files"]
+    assert 1.0 < disk["epoch_checkpoint_over_weights"] < 2.0  # no optimizer state
+    assert 0 < result["validation"]["share"] < 1

@@ -6,12 +6,14 @@ The averaged model is written beside `--output` and renamed into place: a
 killed run leaves the previous file there, or none, never a broken one.
 """
 
+import contextlib
+import os
 import sys
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
-from pipelines.files import check_input_file, prepare_output_file
+from pipelines.files import check_input_file, prepare_output_file, run_folder_lock
 
 
 def _average(args):
@@ -22,7 +24,11 @@ def _average(args):
     prepare_output_file(args.output, "--output")
     from pipelines.training.checkpoints import average_checkpoints  # imports Keras
 
-    average_checkpoints(args.checkpoints, args.output)
+    # Into a run folder (its config.json): not while a `kt train` writes it.
+    folder = os.path.dirname(os.path.abspath(args.output))
+    is_run = os.path.isfile(os.path.join(folder, "config.json"))
+    with run_folder_lock(folder, "--output") if is_run else contextlib.nullcontext():
+        average_checkpoints(args.checkpoints, args.output)
     print(f"Averaged {len(args.checkpoints)} checkpoints into {args.output}")
 
 

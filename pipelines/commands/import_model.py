@@ -14,10 +14,13 @@ docs/start-from-a-model.md for what is mapped and how.
 """
 
 import json
+import os
 import sys
+from contextlib import nullcontext
 
 from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
+from pipelines.files import run_folder_lock
 
 FORMATS = ("marian",)
 
@@ -25,7 +28,10 @@ FORMATS = ("marian",)
 def _import(args):
     from pipelines.imports.marian import import_marian  # imports Keras
 
-    result = import_marian(args.source, args.output_dir, args.force, args.cache_dir)
+    # A folder a `kt train` writes is refused, naming its process.
+    folder = args.output_dir
+    with run_folder_lock(folder, "--output-dir") if os.path.isdir(folder) else nullcontext():
+        result = import_marian(args.source, folder, args.force, args.cache_dir)
     print(json.dumps(result, indent=2))
 
 

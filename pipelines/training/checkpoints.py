@@ -4,6 +4,7 @@ import glob
 import logging
 import math
 import os
+import time
 import zipfile
 
 import keras
@@ -104,12 +105,16 @@ def average_checkpoints(paths, output_path):
     # float64 sums: averaging many checkpoints adds no rounding of its own.
     sums = [np.asarray(w, np.float64) for w in averaged.get_weights()]
     shapes = [w.shape for w in sums]
-    for path in paths[1:]:
+    started = time.perf_counter()
+    for done, path in enumerate(paths[1:], start=2):
         weights = load_checkpoint(path).get_weights()
         if [w.shape for w in weights] != shapes:
             raise CheckpointError(f"{path} does not have the architecture of {paths[0]}")
         for total, weight in zip(sums, weights, strict=True):
             total += weight
+        seconds = (time.perf_counter() - started) / (done - 1)
+        left = seconds * (len(paths) - done)
+        logger.info("Averaged %d of %d checkpoints, about %.0f s left", done, len(paths), left)
     averaged.set_weights(
         [
             (total / len(paths)).astype(w.dtype)

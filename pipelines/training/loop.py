@@ -82,7 +82,9 @@ class TrainingLoop:
                 del logs["tokens"]
             if scores is not None:
                 logs.update(scores(self.model))
-        self.validation_seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.validation_seconds += seconds
+        logger.info("Validation: %.1f s", seconds)
         return {f"val_{k}": v for k, v in logs.items()}
 
     @contextlib.contextmanager

@@ -243,3 +243,22 @@ def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
     expected = np.linalg.norm(np.concatenate(moved)) / 0.5  # SGD's step is rate times gradient
     assert history.history["gradient_norm"][0] == pytest.approx(expected, rel=1e-4)
     assert history.history["learning_rate"][0] == pytest.approx(0.5)
+
+
+def test_import_and_average_into_a_run_folder_in_use_are_refused(tmp_path, capsys):
+    from pipelines.commands import average, import_model
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    checkpoint = tmp_path / "a.keras"
+    save_weights_checkpoint(tiny_trainer().model, str(checkpoint))
+    with run_folder_lock(str(out), "output_dir"):
+        refused = [
+            import_model.main(["marian", str(tmp_path / "none"), "--output-dir", str(out)]),
+            average.main([str(checkpoint), "--output", str(out / "model.keras")]),
+        ]
+    assert refused == [2, 2]
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all(f"process {os.getpid()}" in line for line in errors)
+    assert sorted(os.listdir(out)) == ["config.json"]

@@ -3,6 +3,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -279,3 +280,24 @@ def test_a_run_prepared_for_fewer_workers_is_refused_and_a_new_vocabulary_prepar
     assert again["identity"]["vocabulary"] != train["identity"]["vocabulary"]
     assert again["corpora"][0]["examples"] == train["corpora"][0]["examples"] == 300
     assert not (out / "data" / "failed.json").exists() and (out / "data" / "ready.json").exists()
+
+
+@pytest.mark.slow
+def test_two_trainings_on_one_folder_at_once_one_refused_the_other_whole(tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--steps", "40", "--steps-per-epoch", "20", *TINY]
+    command = [sys.executable, "-m", "pipelines", "train", *flags]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "run.lock").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        assert main(flags) == 2  # this process, while the other trains
+    finally:
+        assert first.wait(timeout=600) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: output_dir") and f"process {first.pid}" in err
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == 40 and result["resumed_at_step"] == 0
+    assert not (out / "run.lock").exists()

@@ -291,7 +291,8 @@ def test_two_trainings_on_one_folder_at_once_one_refused_the_other_whole(tmp_pat
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while not (out / "run.lock").exists() and time.time() < deadline:
+        # Written under the lock, once the data is prepared.
+        while not (out / "config.json").exists() and time.time() < deadline:
             time.sleep(0.2)
         assert main(flags) == 2  # this process, while the other trains
     finally:

@@ -198,6 +198,26 @@ def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
     assert history.history["gradient_norm"][0] == pytest.approx(expected, rel=1e-4)
 
 
+def test_ema_weights_are_the_moving_average_of_each_step():
+    model = tiny_model(TWO)
+    trainer = JaxTrainer(model, keras.optimizers.Adam(1e-2, use_ema=True, ema_momentum=0.5), TWO)
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(model.get_weights())
+    )
+    batches = [token_batch(i) for i in range(3)]
+    trainer.fit(stream(batches), steps=4, steps_per_epoch=4, callbacks=[record], verbose=0)
+    average = seen[0]  # the first step's weights start the average
+    for weights in seen[1:]:
+        average = [0.5 * a + 0.5 * w for a, w in zip(average, weights, strict=True)]
+    trained = model.get_weights()
+    with trainer.ema_weights():
+        for expected, actual in zip(average, model.get_weights(), strict=True):
+            np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    for expected, actual in zip(trained, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(actual, expected)
+
+
 def test_refusals():
     model = tiny_model(TWO)
     trainer = JaxTrainer(model, keras.optimizers.SGD(0.1), TWO)

@@ -62,6 +62,15 @@ def machine():
     return {**stamp, "tensorflow": tf.__version__, "onednn": onednn}
 
 
+def folder_bytes(path):
+    """Bytes of every file under `path`."""
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _, names in os.walk(path)
+        for name in names
+    )
+
+
 def median(values):
     return statistics.median(values) if values else None
 

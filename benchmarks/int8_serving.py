@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     add_parallel_arguments,
+    folder_bytes,
     load_run,
     median,
     read_parallel,
@@ -49,14 +50,6 @@ from benchmarks.decoding_concurrency import (  # noqa: E402
 from benchmarks.request_size import run_client  # noqa: E402
 
 EXPORTS = ("float32", "int8", "int8-weights")
-
-
-def folder_bytes(path):
-    return sum(
-        os.path.getsize(os.path.join(folder, name))
-        for folder, _, names in os.walk(path)
-        for name in names
-    )
 
 
 def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources):

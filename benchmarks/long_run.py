@@ -41,7 +41,7 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, ROOT, table, write_result  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, folder_bytes, table, write_result  # noqa: E402
 
 # The benchmark's model: the default recipe, small, on 6,000 embedded pairs.
 TINY = [
@@ -53,12 +53,6 @@ TINY = [
     "--vocabulary-size", "400",
     "--heldout-split", "none",
 ]  # fmt: skip
-
-
-def folder_bytes(folder):
-    from pipelines.training.backup import folder_bytes as measure
-
-    return measure(folder) if os.path.isdir(folder) else 0
 
 
 def backed_up_step(run_dir):

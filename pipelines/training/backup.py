@@ -12,9 +12,13 @@
     the resumed run reads on from there, whatever the step;
   - `state.json`: the step, and the state of every callback that keeps one
     (`get_state`/`set_state`: early stopping's count, the best score).
-The folder is written under a staging name and renamed whole, then the
-previous one is removed, so a kill at any moment leaves one complete
-backup. The last backup is kept when training ends: rerunning the command
+The folder is written under a staging name, its files flushed to disk, and
+renamed whole; older ones are renamed to staging names before they are
+removed, so a kill at any moment leaves the newest complete backup, and
+nothing else, under a `step-N` name. A worker of a run of several (workers
+or JAX processes) keeps its previous backup too and resumes from the newest
+step every worker holds (`peers`): a kill between two workers' saves leaves
+them one save apart. The last backup is kept when training ends: rerunning the command
 with more `steps` continues the finished run from its last step.
 
 Why not `keras.callbacks.BackupAndRestore`: it saves weights and a step
@@ -58,12 +62,24 @@ def backup_folders(backup_dir):
     return sorted(found)
 
 
-def folder_bytes(folder):
-    """Bytes of every file under `folder`."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        total += sum(os.path.getsize(os.path.join(root, name)) for name in files)
-    return total
+def data_order_seed(seed, restarted_at=None):
+    """The seed of the training data's order: the run's, or one of its own after a restart.
+
+    A run resumed with another batching cannot read on from its saved
+    position (the batches differ); its stream starts anew at the restored
+    step, shuffled by a seed drawn from the run's and that step, so it does
+    not replay the order the run began with.
+
+    Args:
+        seed: int, the run's seed.
+        restarted_at: int or None, the step the stream starts anew at.
+
+    Returns:
+        int.
+    """
+    if restarted_at is None:
+        return seed
+    return int(np.random.SeedSequence([seed, restarted_at]).generate_state(1)[0])
 
 
 class RunBackup:
@@ -78,7 +94,9 @@ class RunBackup:
         stream_settings: dict, the settings the input stream's position
             depends on (batch tokens, accumulation); where a backup holds
             others, its position is not restored and the stream starts anew
-            (`restarts_stream`).
+            (`data_seed`).
+        peers: list of str, the `backup/` folders of the run's other workers
+            (on storage every worker sees), or empty for a run of one.
 
     Example:
     >>> backup = RunBackup("/tmp/run/backup", every=100)
@@ -86,25 +104,36 @@ class RunBackup:
     True
     """
 
-    def __init__(self, backup_dir, every=100, write=True, stream_settings=None):
+    def __init__(self, backup_dir, every=100, write=True, stream_settings=None, peers=()):
         if every < 1:
             raise ValueError(f"every must be >= 1. Received: every={every}")
         self.backup_dir = backup_dir
         self.every = every
         self.write = write
         self.stream_settings = stream_settings or {}
+        self.peers = list(peers)
+        self.data_seed = None
         self.saved_step = None
         self.save_seconds = []
 
+    def _latest(self):
+        """`(step, folder)` of the newest backup this worker and its peers all hold, or None."""
+        mine = backup_folders(self.backup_dir)
+        steps = {step for step, _ in mine}
+        for peer in self.peers:
+            steps &= {step for step, _ in backup_folders(peer)}
+        chosen = [(step, folder) for step, folder in mine if step in steps]
+        return chosen[-1] if chosen else None
+
     def latest_step(self):
-        """int or None: the step of the newest complete backup."""
-        folders = backup_folders(self.backup_dir)
-        return folders[-1][0] if folders else None
+        """int or None: the step of the newest complete backup (every worker's)."""
+        latest = self._latest()
+        return latest[0] if latest else None
 
     def latest_state(self):
         """dict or None: the newest backup's `state.json`."""
-        folders = backup_folders(self.backup_dir)
-        return read_json(os.path.join(folders[-1][1], STATE)) if folders else None
+        latest = self._latest()
+        return read_json(os.path.join(latest[1], STATE)) if latest else None
 
     def restarts_stream(self):
         """The step at which the stream starts anew (its settings changed), or None."""
@@ -112,6 +141,29 @@ class RunBackup:
         if state is None or state.get("stream_settings", {}) == self.stream_settings:
             return None
         return state["step"]
+
+    def choose_data_seed(self, seed):
+        """The data order's seed for this process: the run's, or the one a restart drew.
+
+        A stream that starts anew (`restarts_stream`) draws a seed from the
+        run's and the step; a run restored from a backup that a restarted
+        stream wrote keeps that backup's seed, so its saved position is
+        restored into the stream it was taken from. The seed is recorded in
+        every backup this object writes.
+
+        Args:
+            seed: int, the run's seed.
+
+        Returns:
+            int, the seed to build the training stream with.
+        """
+        restart = self.restarts_stream()
+        state = self.latest_state() or {}
+        if restart is not None:
+            self.data_seed = data_order_seed(seed, restart)
+        else:
+            self.data_seed = state.get("data_seed", seed)
+        return self.data_seed
 
     def check_format(self):
         """Raises `CheckpointError` for a backup an earlier version wrote (it cannot resume)."""
@@ -135,10 +187,10 @@ class RunBackup:
             backup holds no position), or None where there is no backup.
         """
         self.check_format()
-        folders = backup_folders(self.backup_dir)
-        if not folders:
+        latest = self._latest()
+        if latest is None:
             return None
-        step, folder = folders[-1]
+        step, folder = latest
         started = time.perf_counter()
         model.load_weights(os.path.join(folder, WEIGHTS))
         with np.load(os.path.join(folder, NON_TRAINABLE)) as saved:
@@ -190,15 +242,37 @@ class RunBackup:
             "step": step,
             "stream": stream is not None,
             "stream_settings": self.stream_settings,
+            "data_seed": self.data_seed,
             "callbacks": callbacks_state,
         }
         write_json(os.path.join(staging, STATE), state)
+        _flush_folder(staging)
         final = os.path.join(self.backup_dir, f"step-{step:09d}")
         if os.path.exists(final):  # a backup of this step a killed run left: this one is whole
-            shutil.rmtree(final)
+            _remove(final)
         os.replace(staging, final)
-        for older, path in backup_folders(self.backup_dir):
-            if older != step:
-                shutil.rmtree(path, ignore_errors=True)
+        keep = 2 if self.peers else 1  # a run of several keeps the step all may share
+        for _, path in backup_folders(self.backup_dir)[:-keep]:
+            _remove(path)
         self.saved_step = step
         self.save_seconds.append(time.perf_counter() - started)
+
+
+def _remove(folder):
+    """Removes a backup folder, first renaming it out of `step-N` (a kill leaves no half of it)."""
+    doomed = staging_folder(os.path.dirname(folder))
+    os.rmdir(doomed)
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _flush_folder(folder):
+    """Flushes a folder's files and the folder itself to disk (a host crash keeps them)."""
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as handle:
+            os.fsync(handle.fileno())
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)

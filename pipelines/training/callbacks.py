@@ -50,23 +50,21 @@ class Checkpoints(keras.callbacks.Callback):
     (the paper's 10, section 6.1) one `step-N.keras` is written at the first
     step that ends `minutes` or more after the last one, counted in training
     time (a resumed run counts from its restart). With `keep` only the
-    newest `keep` are kept, plus every checkpoint `protected()` names (those
-    averaging reads, the best one).
+    newest `keep` are kept (the run keeps at least those averaging reads;
+    `best.keras` is apart).
 
     Args:
         folder: str, the run's `checkpoints/` folder.
         minutes: float or None, minutes between checkpoints (None: each epoch).
         keep: int or None, checkpoints kept (None: all).
-        protected: callable returning a set of paths never removed, or None.
         clock: callable returning seconds, `time.perf_counter` by default.
     """
 
-    def __init__(self, folder, minutes=None, keep=None, protected=None, clock=time.perf_counter):
+    def __init__(self, folder, minutes=None, keep=None, clock=time.perf_counter):
         super().__init__()
         self.folder = folder
         self.minutes = minutes
         self.keep = keep
-        self.protected = protected or (lambda: set())
         self.clock = clock
         self.written = []
 
@@ -91,11 +89,8 @@ class Checkpoints(keras.callbacks.Callback):
             self.prune()
 
     def prune(self):
-        """Removes the oldest checkpoints beyond `keep`, sparing the protected ones."""
-        paths = epoch_checkpoints(self.folder)
-        protected = {os.path.abspath(p) for p in self.protected()}
-        removable = [p for p in paths[: -self.keep] if os.path.abspath(p) not in protected]
-        for path in removable:
+        """Removes the oldest checkpoints beyond `keep`."""
+        for path in epoch_checkpoints(self.folder)[: -self.keep]:
             os.remove(path)
 
 
@@ -117,6 +112,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
             "wait": int(self.wait),
             "best": best if best is None or math.isfinite(best) else None,
             "best_epoch": int(self.best_epoch),
+            "stopped": bool(self.stopped_epoch),
         }
 
     def set_state(self, state):
@@ -124,6 +120,11 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         self.best_epoch = state["best_epoch"]
         if state["best"] is not None:
             self.best = state["best"]
+        if state.get("stopped") and self.wait >= self.patience:
+            # A rerun of a run early stopping ended stays ended (a larger
+            # patience lets it go on).
+            self.stopped_epoch = state["best_epoch"] + self.wait
+            self.model.stop_training = True
 
 
 class BestCheckpoint(keras.callbacks.Callback):

@@ -231,8 +231,8 @@ class JaxTrainer(TrainingLoop):
     def _stream(self, dataset):
         """The placed batches of `dataset`: a stream whose position a backup saves.
 
-        `dataset` is a tf.data dataset of global batches (a `NumpyStream`
-        stream placed batch by batch), or a `ProcessBatches` of this process's rows.
+        `dataset` is a tf.data dataset of global batches (a `TensorStream`
+        placed batch by batch), or a `ProcessBatches` of this process's rows.
         """
         if getattr(dataset, "process_local", False):
             return MappedStream(iter(dataset), lambda batch: self._place(batch, process_local=True))

@@ -70,6 +70,35 @@ class TrainingLoop:
         self.started = time.perf_counter()  # the run's start, for the log (a run sets its own)
         self.loss = LabelSmoothedCrossEntropy(label_smoothing, pad_id=model.pad_id)
 
+    def _restore(self, backup, stream, callbacks, steps):
+        """Restores the newest backup, starts the callbacks; returns the step training is at."""
+        restored = backup.restore(self.model, stream) if backup else None
+        callbacks.on_train_begin()
+        step = optimizer_steps(self.optimizer)  # > 0 once restored
+        self.initial_step = step
+        if step:
+            logger.info("Resuming at step %d of %d", step, steps)
+        if restored:
+            set_callbacks_state(callbacks, restored.get("callbacks", {}))
+        stream_step = restored["stream_step"] if restored else 0
+        if step > stream_step:
+            logger.info("Skipping the %d batches the restored steps read", step - stream_step)
+            stream.skip((step - stream_step) * self._batches_per_step())
+        return step
+
+    def _batches_per_step(self):
+        """Elements of the training stream one step reads."""
+        return self.accumulation_steps
+
+    def _first_step(self, step):
+        if self.first_step_time is None:
+            self.first_step_time = time.perf_counter()
+            logger.info(
+                "First step of this process: step %d, %.2f s after the run started",
+                step,
+                self.first_step_time - self.started,
+            )
+
     def _validate(self, dataset, steps, scores):
         """The `val_*` logs: loss and accuracy on `dataset`, `scores(model)`, on the EMA if kept."""
         logs = {}
@@ -101,8 +130,8 @@ class TrainingLoop:
             return
         variables = self.model.trainable_variables
         current = [keras.ops.convert_to_numpy(v) for v in variables]
-        optimizer.finalize_variable_values(variables)
         try:
+            optimizer.finalize_variable_values(variables)
             yield self.model
         finally:
             for variable, value in zip(variables, current, strict=True):
@@ -179,20 +208,11 @@ class TrainingLoop:
         )
         self.model.stop_training = False
         stream = self._stream(dataset)
-        restored = backup.restore(self.model, stream) if backup else None
-        callbacks.on_train_begin()
-        step = optimizer_steps(self.optimizer)  # > 0 once restored
-        self.initial_step = step
-        if step:
-            logger.info("Resuming at step %d of %d", step, steps)
-        if restored:
-            set_callbacks_state(callbacks, restored.get("callbacks", {}))
-        stream_step = restored["stream_step"] if restored else 0
-        if step > stream_step:
-            logger.info("Skipping the %d batches the restored steps read", step - stream_step)
-            stream.skip((step - stream_step) * self.accumulation_steps)
+        step = self._restore(backup, stream, callbacks, steps)
         logs = {}
         for epoch in range(step // steps_per_epoch, epochs):
+            if self.model.stop_training:  # restored: early stopping had ended the run
+                break
             callbacks.on_epoch_begin(epoch)
             sums, started = [0.0, 0.0, 0.0], time.perf_counter()
             last = min(steps_per_epoch, steps - epoch * steps_per_epoch)
@@ -201,13 +221,7 @@ class TrainingLoop:
                 totals = np.asarray(self.train_step(stream))
                 sums = [a + float(b) for a, b in zip(sums, totals[:3], strict=True)]
                 step += 1
-                if self.first_step_time is None:
-                    self.first_step_time = time.perf_counter()
-                    logger.info(
-                        "First step of this process: step %d, %.2f s after the run started",
-                        step,
-                        self.first_step_time - self.started,
-                    )
+                self._first_step(step)
                 logs = {
                     **{k: v for k, v in token_metrics(sums).items() if k != "tokens"},
                     "learning_rate": self.learning_rate(),
@@ -216,12 +230,15 @@ class TrainingLoop:
                 if totals[3] >= 0:  # the last update's, where measured
                     logs["gradient_norm"] = float(totals[3])
                 callbacks.on_train_batch_end(batch, logs)
-                if backup and backup.due(step):
+                # An epoch's last step is backed up after its validation and callbacks.
+                if batch + 1 < last and _backup_due(backup, step, logs):
                     backup.save(step, self.model, stream, callbacks_state(callbacks))
                 if self.model.stop_training:
                     break
             logs.update(self._validate(validation_data, validation_steps, validation_scores))
             callbacks.on_epoch_end(epoch, logs)
+            if _backup_due(backup, step, logs):
+                backup.save(step, self.model, stream, callbacks_state(callbacks))
             if self.model.stop_training:
                 break
         if backup and math.isfinite(logs.get("loss", 0.0)):
@@ -230,6 +247,11 @@ class TrainingLoop:
             backup.save(step, self.model, stream, callbacks_state(callbacks))
         callbacks.on_train_end(logs)
         return self.model.history
+
+
+def _backup_due(backup, step, logs):
+    """Whether `step` ends with a backup: due, and not after a NaN loss (the last one stays)."""
+    return backup is not None and backup.due(step) and math.isfinite(logs.get("loss", 0.0))
 
 
 def callbacks_state(callbacks):

@@ -11,7 +11,6 @@ import time
 from types import SimpleNamespace
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 import keras_transformer as kt
@@ -165,7 +164,7 @@ def training_batches(
             reads every `pipelines`-th shard, see `shards.read_examples`).
         batch_tokens: int, this pipeline's token budget (`max_length` at least).
         seed: int or None, the data order's seed (None: the run's; see
-            `data_order_seed`).
+            `backup.data_order_seed`).
         **shapes: `fixed_shapes`, `row_multiple`, `ratio` for
             `batching.batch_examples` (JAX's one shape per bucket).
 
@@ -336,26 +335,6 @@ def _jax_parallel(config):
     )
 
 
-def data_order_seed(seed, restarted_at=None):
-    """The seed of the training data's order: the run's, or one of its own after a restart.
-
-    A run resumed with another batching cannot read on from its saved
-    position (the batches differ); its stream starts anew at the restored
-    step, shuffled by a seed drawn from the run's and that step, so it does
-    not replay the order the run began with.
-
-    Args:
-        seed: int, the run's seed.
-        restarted_at: int or None, the step the stream starts anew at.
-
-    Returns:
-        int.
-    """
-    if restarted_at is None:
-        return seed
-    return int(np.random.SeedSequence([seed, restarted_at]).generate_state(1)[0])
-
-
 def build_model(config, spm_path):
     """The run's `Transformer`, learning-rate schedule and optimizer, as `config` sets them.
 
@@ -472,12 +451,17 @@ def _run_training(config):
     logger.info("Model: %s parameters", f"{model.count_params():,}")
     trainer = parallel.trainer(model, optimizer, schedule)
     trainer.started = started
+    backup_dirs = [os.path.join(chief_dir, "backup")] + [
+        os.path.join(chief_dir, "workers", f"worker-{index}", "backup")
+        for index in range(1, parallel.workers)
+    ]
     backup = RunBackup(
-        os.path.join(out_dir, "backup"),
+        backup_dirs[worker],
         config.output.backup_every,
         stream_settings=stream_settings(config),
+        peers=backup_dirs[:worker] + backup_dirs[worker + 1 :],
     )
-    seed = data_order_seed(config.optimization.seed, backup.restarts_stream())
+    seed = backup.choose_data_seed(config.optimization.seed)
     history = trainer.fit(
         parallel.train_data(train, train_dir, seed),
         steps=config.optimization.steps or UNLIMITED_STEPS,
@@ -510,6 +494,8 @@ def _final_model(config, out_dir, trainer):
     model_path = os.path.join(out_dir, "model.keras")
     folder = os.path.join(out_dir, "checkpoints")
     best = os.path.join(folder, "best.keras")
+    if output.select == "best" and not os.path.exists(best):
+        logger.warning("select best: no validation kept a best checkpoint; averaging instead")
     if output.select == "best" and os.path.exists(best):
         logger.info("model.keras: the best checkpoint by validation %s", output.metric)
         with atomic_output(model_path, suffix=".keras") as staging:

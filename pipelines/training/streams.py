@@ -19,21 +19,8 @@ measures it). tf.distribute's distributed iterators cannot be checkpointed
 batches itself.
 """
 
-import logging
-import os
-
 import numpy as np
 import tensorflow as tf
-
-logger = logging.getLogger(__name__)
-
-
-def stream_files(prefix):
-    """The files a stream saved under `prefix` (for a backup's size and cleanup)."""
-    folder, name = os.path.split(prefix)
-    if not os.path.isdir(folder):
-        return []
-    return [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.startswith(name)]
 
 
 class TensorStream:

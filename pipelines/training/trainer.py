@@ -82,7 +82,10 @@ class Trainer(TrainingLoop):
     ):
         super().__init__(model, optimizer, label_smoothing, accumulation_steps)
         self.strategy = strategy or tf.distribute.get_strategy()
-        self._local_replicas = len(self.strategy.extended.worker_devices)
+        try:
+            self._local_replicas = len(self.strategy.extended.worker_devices)
+        except RuntimeError:  # the default strategy (no `strategy.scope()`) has no devices
+            self._local_replicas = 1
         self._per_replica_batches = False
         with self.strategy.scope():
             model.compile(optimizer=optimizer, loss=self.loss)
@@ -198,9 +201,10 @@ class Trainer(TrainingLoop):
         """One optimizer step over `accumulation_steps` micro-batches.
 
         Args:
-            stream: a `TensorStream` of this worker's per-replica batches
-                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`,
-                one per local replica in turn.
+            stream: a `TensorStream` of batches
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`:
+                global batches, or from a dataset function one per local
+                replica in turn (`_replica_batch`).
 
         Returns:
             float32 `(4,)`: summed loss, real tokens and correct tokens of the
@@ -221,6 +225,11 @@ class Trainer(TrainingLoop):
         for batch in dataset.take(steps or -1):
             sums += self._evaluate_function(batch)
         return token_metrics(sums)
+
+    def _batches_per_step(self):
+        """Elements of the stream one step reads: a dataset function's are per replica."""
+        replicas = self._local_replicas if self._per_replica_batches else 1
+        return self.accumulation_steps * replicas
 
     def _stream(self, dataset):
         """This worker's training stream: a local tf.data iterator (`TensorStream`).

@@ -180,8 +180,12 @@ class Trainer(TrainingLoop):
 
         def split(tensor):  # (B, ...) -> `replicas` parts of about B / replicas rows
             rows = tf.shape(tensor)[0]
-            sizes = [(rows + replicas - 1 - i) // replicas for i in range(replicas)]
-            return tf.split(tensor, tf.stack(sizes), num=replicas)
+            sizes = tf.stack([(rows + replicas - 1 - i) // replicas for i in range(replicas)])
+            # Sizes unknown while tracing, as a distributed dataset's are: a part of a
+            # batch of known shape would otherwise be traced with 0 rows, which the
+            # model's reshapes cannot infer.
+            sizes = tf.compat.v1.placeholder_with_default(sizes, [replicas])
+            return tf.split(tensor, sizes, num=replicas)
 
         pieces = [split(tensor) for tensor in tf.nest.flatten(batch)]
         parts = [tf.nest.pack_sequence_as(batch, [p[i] for p in pieces]) for i in range(replicas)]

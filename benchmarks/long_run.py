@@ -194,6 +194,8 @@ def recipe_validation(args):
     if command.main(flags):
         raise SystemExit("the multi30k run failed")
     result = json.load(open(os.path.join(folder, "result.json"), encoding="utf-8"))
+    weights, _ = weights_bytes(os.path.join(folder, "model.keras"))
+    checkpoint = os.path.join(folder, "checkpoints", "epoch-001.keras")
     validations = len(result["history"]["val_bleu"])
     one = result["validation_seconds"] / validations
     step = (result["training_seconds"] - result["validation_seconds"]) / args.recipe_steps
@@ -204,6 +206,8 @@ def recipe_validation(args):
         "one_validation_seconds": round(one, 2),
         "share_every_1000_steps": round(one / (1000 * step + one), 4),
         "val_bleu": result["history"]["val_bleu"],
+        "weights_bytes": weights,
+        "epoch_checkpoint_over_weights": round(os.path.getsize(checkpoint) / weights, 4),
     }
 
 

@@ -99,6 +99,8 @@ def run_to_end(command, timeout=7200):
 def weights_bytes(model_path):
     import keras
 
+    import keras_transformer  # noqa: F401  registers the classes model.keras names
+
     model = keras.saving.load_model(model_path)
     return sum(w.nbytes for w in model.get_weights()), model
 
@@ -115,24 +117,27 @@ def resume_study(args):
              "--backup-every", str(args.backup_every), "--keep-checkpoints", str(args.keep),
              "--validation-sentences", str(args.validation_sentences), *TINY]  # fmt: skip
     whole_dir = os.path.join(args.output_dir, "whole")
-    started = time.perf_counter()
-    # A process of its own, as the killed run's are (a caller's devices do not leak in).
-    run_to_end([sys.executable, "-m", "pipelines", "train", "--output-dir", whole_dir, *flags])
-    whole_seconds = time.perf_counter() - started
-    whole = json.load(open(os.path.join(whole_dir, "result.json"), encoding="utf-8"))
-
     killed_dir = os.path.join(args.output_dir, "killed")
-    child = [sys.executable, "-m", "pipelines", "train", "--output-dir", killed_dir, *flags]
-    kill_after(child, killed_dir, args.early, os.path.join(args.output_dir, "first.log"))
-    early_step = backed_up_step(killed_dir)
-    # Resumes from the early backup, killed once it backed up the late step.
-    early = first_step(
-        kill_after(child, killed_dir, args.late, os.path.join(args.output_dir, "early.log"))
-    )
-    late_step = backed_up_step(killed_dir)
-    resumed = run_to_end(child)  # resumes from the late backup, to the end
-    late = first_step(resumed.stderr)
+    logs = {
+        name: os.path.join(args.output_dir, f"{name}.log") for name in ("first", "early", "late")
+    }
+    if not args.measure_only:
+        # A process of its own, as the killed run's are (a caller's devices do not leak in).
+        run_to_end([sys.executable, "-m", "pipelines", "train", "--output-dir", whole_dir, *flags])
+        child = [sys.executable, "-m", "pipelines", "train", "--output-dir", killed_dir, *flags]
+        kill_after(child, killed_dir, args.early, logs["first"])
+        # Resumes from the early backup, killed once it backed up the late step.
+        kill_after(child, killed_dir, args.late, logs["early"])
+        resumed = run_to_end(child)  # resumes from the late backup, to the end
+        with open(logs["late"], "w", encoding="utf-8") as handle:
+            handle.write(resumed.stderr)
+    whole = json.load(open(os.path.join(whole_dir, "result.json"), encoding="utf-8"))
     killed = json.load(open(os.path.join(killed_dir, "result.json"), encoding="utf-8"))
+    early = first_step(open(logs["early"], encoding="utf-8").read())
+    # The late resume's start-up, as its result says (and its log, where kept).
+    late = (killed["resumed_at_step"] + 1, killed["seconds_to_first_step"])
+    late_log = open(logs["late"], encoding="utf-8").read() if os.path.exists(logs["late"]) else ""
+    whole_seconds = whole["seconds"]
 
     weights, whole_model = weights_bytes(os.path.join(whole_dir, "model.keras"))
     _, killed_model = weights_bytes(os.path.join(killed_dir, "model.keras"))
@@ -159,9 +164,9 @@ def resume_study(args):
             "late_over_early": round(late[1] / early[1], 3),
             "fresh_run_seconds_to_first_step": whole["seconds_to_first_step"],
             "resumed_at_step": killed["resumed_at_step"],
-            "backed_up_before_kills": [early_step, late_step],
+            "backed_up_before_kills": [early[0] - 1, late[0] - 1],
             "max_weight_difference_to_uninterrupted": same_weights(whole_model, killed_model),
-            "skipped_batches": "Skipping" in resumed.stderr,
+            "skipped_batches": "Skipping" in late_log or "Skipping" in open(logs["early"]).read(),
         },
         "disk": {
             "weights_bytes": weights,
@@ -225,6 +230,11 @@ def main(argv=None):
     parser.add_argument("--recipe-steps", type=int, default=200)
     parser.add_argument("--recipe-sentences", type=int, default=500)
     parser.add_argument("--output", default=os.path.join(RESULTS, "long_run.json"))
+    parser.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="report from the runs already in --output-dir (train and kill nothing)",
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     result = {"command": "python benchmarks/long_run.py " + " ".join(argv or sys.argv[1:])}

@@ -116,10 +116,11 @@ def make_trainer(
 def one_step(trainer, batch):
     import tensorflow as tf
 
+    from pipelines.training.streams import TensorStream
+
     source, target_in, target_out = batch
     data = tf.data.Dataset.from_tensors(((source, target_in), target_out))
-    iterator = iter(trainer.strategy.experimental_distribute_dataset(data))
-    return float(trainer.train_step(iterator)[1])  # real target tokens
+    return float(trainer.train_step(TensorStream(data))[1])  # real target tokens
 
 
 def time_pass(trainer, batch_list):

@@ -5,7 +5,7 @@ its model is the source's: the architecture settings are read from the
 source's `.keras` file, its SentencePiece file is copied byte for byte (no
 vocabulary is trained), and the built model takes the source's weights
 before the first step. A resumed fine-tuning run continues from its own
-backup, which `BackupAndRestore` restores over those weights.
+backup, which `RunBackup` restores over those weights.
 """
 
 import dataclasses

@@ -88,13 +88,10 @@ class RunBackup:
     Args:
         backup_dir: str, the run's `backup/` folder.
         every: int, steps between backups.
-        write: bool, whether this process writes (every worker of a
-            multi-worker run keeps its own backup; a process that only
-            restores passes False).
         stream_settings: dict, the settings the input stream's position
             depends on (batch tokens, accumulation); where a backup holds
             others, its position is not restored and the stream starts anew
-            (`data_seed`).
+            (`choose_data_seed`).
         peers: list of str, the `backup/` folders of the run's other workers
             (on storage every worker sees), or empty for a run of one.
 
@@ -104,12 +101,11 @@ class RunBackup:
     True
     """
 
-    def __init__(self, backup_dir, every=100, write=True, stream_settings=None, peers=()):
+    def __init__(self, backup_dir, every=100, stream_settings=None, peers=()):
         if every < 1:
             raise ValueError(f"every must be >= 1. Received: every={every}")
         self.backup_dir = backup_dir
         self.every = every
-        self.write = write
         self.stream_settings = stream_settings or {}
         self.peers = list(peers)
         self.data_seed = None
@@ -135,21 +131,19 @@ class RunBackup:
         latest = self._latest()
         return read_json(os.path.join(latest[1], STATE)) if latest else None
 
-    def restarts_stream(self):
-        """The step at which the stream starts anew (its settings changed), or None."""
-        state = self.latest_state()
-        if state is None or state.get("stream_settings", {}) == self.stream_settings:
-            return None
-        return state["step"]
+    def _restarts(self, state):
+        """Whether a backup's stream was of other settings (its position does not apply)."""
+        return state.get("stream_settings", {}) != self.stream_settings
 
     def choose_data_seed(self, seed):
         """The data order's seed for this process: the run's, or the one a restart drew.
 
-        A stream that starts anew (`restarts_stream`) draws a seed from the
-        run's and the step; a run restored from a backup that a restarted
-        stream wrote keeps that backup's seed, so its saved position is
-        restored into the stream it was taken from. The seed is recorded in
-        every backup this object writes.
+        A stream that starts anew (the newest backup's stream settings
+        differ from this run's) draws a seed from the run's and the step; a
+        run restored from a backup that a restarted stream wrote keeps that
+        backup's seed, so its saved position is restored into the stream it
+        was taken from. The seed is recorded in every backup this object
+        writes.
 
         Args:
             seed: int, the run's seed.
@@ -157,12 +151,14 @@ class RunBackup:
         Returns:
             int, the seed to build the training stream with.
         """
-        restart = self.restarts_stream()
-        state = self.latest_state() or {}
-        if restart is not None:
-            self.data_seed = data_order_seed(seed, restart)
-        else:
-            self.data_seed = state.get("data_seed", seed)
+        state = self.latest_state()
+        if state is None:
+            self.data_seed = seed
+        elif self._restarts(state):
+            self.data_seed = data_order_seed(seed, state["step"])
+        else:  # a backup written without a chosen seed holds null: the run's
+            recorded = state.get("data_seed")
+            self.data_seed = seed if recorded is None else recorded
         return self.data_seed
 
     def check_format(self):
@@ -199,7 +195,7 @@ class RunBackup:
             variable.assign(value)
         state = read_json(os.path.join(folder, STATE))
         state["stream_step"] = 0
-        if self.restarts_stream() is not None:
+        if self._restarts(state):
             logger.info(
                 "The data order starts anew at step %d: %s -> %s",
                 step,
@@ -216,7 +212,7 @@ class RunBackup:
 
     def due(self, step):
         """Whether step `step` ends with a backup."""
-        return self.write and step % self.every == 0 and step != self.saved_step
+        return step % self.every == 0 and step != self.saved_step
 
     def save(self, step, model, stream, callbacks_state):
         """Writes the backup of `step`, then removes the older ones.
@@ -228,7 +224,7 @@ class RunBackup:
                 the start).
             callbacks_state: dict, JSON-able state by callback name.
         """
-        if not self.write or step == self.saved_step:
+        if step == self.saved_step:
             return
         started = time.perf_counter()
         staging = staging_folder(self.backup_dir)

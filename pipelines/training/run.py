@@ -84,14 +84,11 @@ def _callbacks(config, out_dir, is_chief, clock, schedule, trainer):
     output = config.output
     # The checkpoints averaging reads are always among those kept.
     keep = output.keep_checkpoints and max(output.keep_checkpoints, output.average_last)
+    folder = os.path.join(out_dir, "checkpoints")
     callbacks = [keras.callbacks.TerminateOnNaN()]
     if is_chief:
         callbacks += [
-            Checkpoints(
-                os.path.join(out_dir, "checkpoints"),
-                output.checkpoint_minutes,
-                keep,
-            ),
+            Checkpoints(folder, output.checkpoint_minutes, keep),
             keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
         ]
     if config.budget.max_minutes:
@@ -118,7 +115,6 @@ def _callbacks(config, out_dir, is_chief, clock, schedule, trainer):
         "min_delta": output.min_improvement,
     }
     if is_chief:
-        folder = os.path.join(out_dir, "checkpoints")
         callbacks.append(BestCheckpoint(folder, weights=trainer.ema_weights, **monitor))
     if output.early_stopping_patience:
         callbacks.append(ResumableEarlyStopping(patience=output.early_stopping_patience, **monitor))
@@ -494,13 +490,13 @@ def _final_model(config, out_dir, trainer):
     model_path = os.path.join(out_dir, "model.keras")
     folder = os.path.join(out_dir, "checkpoints")
     best = os.path.join(folder, "best.keras")
-    if output.select == "best" and not os.path.exists(best):
+    if output.select == "best":
+        if os.path.exists(best):
+            logger.info("model.keras: the best checkpoint by validation %s", output.metric)
+            with atomic_output(model_path, suffix=".keras") as staging:
+                shutil.copyfile(best, staging)
+            return load_checkpoint(model_path)
         logger.warning("select best: no validation kept a best checkpoint; averaging instead")
-    if output.select == "best" and os.path.exists(best):
-        logger.info("model.keras: the best checkpoint by validation %s", output.metric)
-        with atomic_output(model_path, suffix=".keras") as staging:
-            shutil.copyfile(best, staging)
-        return load_checkpoint(model_path)
     if output.select == "ema":
         logger.info("model.keras: the moving average of the weights")
         with trainer.ema_weights():

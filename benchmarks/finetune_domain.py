@@ -52,8 +52,8 @@ def greedy_bleu(run_dir, pairs, folder):
     """Greedy BLEU of a run's model on `pairs`, decoded as the end-of-run evaluation does."""
     import keras
 
-    from pipelines.training.config import load_config
     from pipelines.training.heldout import heldout_scores
+    from pipelines.training.loading import load_config
 
     config = load_config("default", os.path.join(run_dir, "config.json"))
     model = keras.saving.load_model(os.path.join(run_dir, "model.keras"))

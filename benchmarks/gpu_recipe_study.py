@@ -58,7 +58,7 @@ def prepare(args):
     """Writes the run's tokenized train (and sampled) and val examples as one .npz."""
     from benchmarks import common  # noqa: F401  TensorFlow's environment first
     from pipelines.data import batching, corpus, tokenizer
-    from pipelines.training.config import load_config
+    from pipelines.training.loading import load_config
 
     config = load_config(
         config_file=os.path.join(args.run_dir, "config.json"),
@@ -315,7 +315,7 @@ def train(args):
     import sentencepiece as spm
 
     from pipelines.training.checkpoints import checkpoints_to_average
-    from pipelines.training.config import load_config
+    from pipelines.training.loading import load_config
 
     settings = dict(item.split("=", 1) for item in args.set)
     # The corpus comes from `--examples`: "default" needs no folder to validate.

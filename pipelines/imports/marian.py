@@ -218,7 +218,7 @@ def read_vocabularies(folder, config):
 
 def run_config(arguments, config, output_dir):
     """The imported run's `config.json`: its architecture and limits, as a trained run's."""
-    from pipelines.training.config import load_config
+    from pipelines.training.loading import load_config
 
     model = {
         name: arguments[name]

@@ -21,7 +21,8 @@ from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ConfigError
 from pipelines.files import atomic_output
 from pipelines.parsing.corpus import tags_path
-from pipelines.training.config import SETTINGS, flatten
+from pipelines.training.config import SETTINGS
+from pipelines.training.loading import flatten
 
 # Model settings that shape the weights: the source's, and a new value is refused.
 ARCHITECTURE = (

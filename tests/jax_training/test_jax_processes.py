@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from pipelines.data import shards
-from pipelines.training.config import load_config
+from pipelines.training.loading import load_config
+from pipelines.training.parallel import process_batches
 from pipelines.training.process_batches import ProcessBatches
-from pipelines.training.run import process_batches
 from tests.jax_training.shared import train_on_one_device
 from tests.pipelines.training.shared import TINY
 from tests.test_case import run_together

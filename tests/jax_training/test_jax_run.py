@@ -12,8 +12,8 @@ from pipelines.commands.train import main
 from pipelines.data import batching, shards
 from pipelines.data.tokenizer import load_tokenizer, train_sentencepiece
 from pipelines.evaluation import translate
-from pipelines.training.config import load_config
-from pipelines.training.run import JAX_BUCKET_RATIO
+from pipelines.training.loading import load_config
+from pipelines.training.parallel import JAX_BUCKET_RATIO
 from tests.jax_training.shared import train_on_one_device
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed, random_transformer

@@ -35,7 +35,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 def test_the_training_guide_runs(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from pipelines.training.run import make_strategy
+    from pipelines.training.parallel import make_strategy
     from tests.test_docs import run_python_blocks
 
     # One MirroredStrategy a process: a second one in this test process would
@@ -150,7 +150,7 @@ def test_every_command_shown_parses(page, line, monkeypatch):
     import importlib
 
     from pipelines import cli
-    from pipelines.training import config
+    from pipelines.training import loading
 
     argv = shlex.split(line)[1:]
     module = importlib.import_module(cli.COMMANDS[argv[0]])
@@ -162,6 +162,6 @@ def test_every_command_shown_parses(page, line, monkeypatch):
         from pipelines.commands.train import _settings, resolved_config
 
         if getattr(args, "init_from", None):  # no source run here: the other settings checked
-            config.load_config(args.recipe or "finetune", None, _settings(args))
+            loading.load_config(args.recipe or "finetune", None, _settings(args))
         else:
             resolved_config(args)

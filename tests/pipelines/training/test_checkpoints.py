@@ -149,7 +149,8 @@ def test_average_holds_at_most_two_models(tmp_path, monkeypatch):
 
 
 def test_a_run_averages_its_last_checkpoints_or_a_share_of_them_if_more():
-    from pipelines.training.config import OutputConfig, load_config
+    from pipelines.training.config import OutputConfig
+    from pipelines.training.loading import load_config
 
     paths = [f"epoch-{epoch:03d}.keras" for epoch in range(1, 43)]
 

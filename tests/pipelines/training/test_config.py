@@ -18,11 +18,10 @@ from pipelines.training.config import (
     ModelConfig,
     TrainConfig,
     base_type,
-    load_config,
-    recipe_names,
     settings,
     validate,
 )
+from pipelines.training.loading import load_config, recipe_names
 
 NUMERIC = [s for s in settings() if base_type(s.type)[0] in (int, float)]
 

@@ -10,10 +10,10 @@ import pytest
 
 from pipelines.commands.train import main
 from pipelines.data.default_corpus import default_corpus
-from pipelines.training.config import load_config
 from pipelines.training.heldout import heldout_scores
 from pipelines.training.identity import RESUMABLE, differing_settings
 from pipelines.training.init_from import apply_source, source_arguments
+from pipelines.training.loading import load_config
 from pipelines.training.run import build_model
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed

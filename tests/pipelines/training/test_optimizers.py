@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import keras_transformer as kt
 from pipelines.training.optimizers import FusedAdam
-from pipelines.training.run import make_strategy
+from pipelines.training.parallel import make_strategy
 from pipelines.training.trainer import Trainer
 from tests.pipelines.training.test_trainer import make_batch, needs_two_cpus
 

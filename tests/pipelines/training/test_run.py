@@ -262,8 +262,8 @@ def test_a_run_folder_prepared_from_other_data_is_refused(tmp_path, capsys):
 
 
 def test_a_run_prepared_for_fewer_workers_is_refused_and_a_new_vocabulary_prepares_anew(tmp_path):
-    from pipelines.training.config import load_config
     from pipelines.training.data import prepare_data
+    from pipelines.training.loading import load_config
 
     out = tmp_path / "run"
     config = load_config(settings={"output_dir": str(out), "default_corpus_sizes": [300, 20, 20],

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
-from pipelines.training.run import make_strategy
+from pipelines.training.parallel import make_strategy
 from pipelines.training.streams import TensorStream
 from pipelines.training.trainer import TimeBudget, Trainer
 from tests.pipelines.conftest import two_cpus

@@ -1,0 +1,258 @@
+"""The backend half of a training run: the strategy, the input streams, the trainer.
+
+`tensorflow_parallel` (tf.distribute) and `jax_parallel`
+(`keras.distribution.DataParallel`) return the same namespace, so that
+`run.run_training` is written once for both backends.
+"""
+
+import functools
+import json
+import os
+from types import SimpleNamespace
+
+import tensorflow as tf
+
+from pipelines.data import batching, shards
+from pipelines.errors import ConfigError
+from pipelines.training.process_batches import ProcessBatches
+from pipelines.training.streams import MappedStream, TensorStream, to_numpy
+from pipelines.training.trainer import Trainer, budget_clock
+
+# Length buckets spaced this far apart under JAX, where each bucket is one
+# batch shape and each shape one XLA compilation of the step (seconds each
+# on a CPU): half the shapes of TensorFlow's 1.1 for a little more padding.
+JAX_BUCKET_RATIO = 1.25
+
+
+@functools.cache
+def make_strategy():
+    """MultiWorkerMirroredStrategy when TF_CONFIG lists several workers, else Mirrored.
+
+    One strategy serves the whole process (the result is cached): two
+    strategies in one process hand out the same collective instance keys and
+    their all-reduces collide.
+
+    Returns:
+        `(strategy, worker_index)`; worker 0 is the chief that writes outputs.
+    """
+    if _tf_workers() > 1:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy, strategy.cluster_resolver.task_id
+    return tf.distribute.MirroredStrategy(), 0
+
+
+def _tf_workers():
+    """The workers `TF_CONFIG` lists (1 without it)."""
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    return max(sum(len(tasks) for tasks in cluster.values()), 1)
+
+
+def chief_by_environment():
+    """Whether this process is the chief, as its environment says before the workers meet."""
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    return task.get("index", 0) == 0 and os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID", "0") == "0"
+
+
+def _train_dataset_fn(config, manifest, folder, seed):
+    """A function for `strategy.distribute_datasets_from_function`.
+
+    Each input pipeline (worker) reads its own shards of the prepared
+    examples, and each replica's batches hold `batch_tokens / replicas`
+    tokens, so a global batch holds about `batch_tokens`.
+    """
+
+    def dataset_fn(context):
+        return training_batches(
+            config,
+            manifest,
+            folder,
+            context.input_pipeline_id,
+            context.num_input_pipelines,
+            config.batching.batch_tokens // context.num_replicas_in_sync,
+            seed,
+        )
+
+    return dataset_fn
+
+
+def training_batches(
+    config, manifest, folder, pipeline, pipelines, batch_tokens, seed=None, **shapes
+):
+    """Input pipeline `pipeline`'s training batches: its shards, shuffled, repeated, bucketed.
+
+    Args:
+        config: the run's `TrainConfig` (seed, shuffle buffer, `max_length`).
+        manifest, folder: the prepared training data (`shards.read_manifest`).
+        pipeline, pipelines: int, this input pipeline and their number (it
+            reads every `pipelines`-th shard, see `shards.read_examples`).
+        batch_tokens: int, this pipeline's token budget (`max_length` at least).
+        seed: int or None, the data order's seed (None: the run's; see
+            `backup.data_order_seed`).
+        **shapes: `fixed_shapes`, `row_multiple`, `ratio` for
+            `batching.batch_examples` (JAX's one shape per bucket).
+
+    Returns:
+        `tf.data.Dataset` of `((source_ids, target_input_ids), target_output_ids)`.
+    """
+    seed = config.optimization.seed if seed is None else seed
+    max_length = config.batching.max_length
+    examples = shards.read_examples(manifest, folder, True, seed, pipeline, pipelines)
+    return batching.batch_examples(
+        examples,
+        max(batch_tokens, max_length),
+        max_length,
+        shuffle=True,
+        repeat=True,
+        seed=seed,
+        shuffle_buffer=config.batching.shuffle_buffer,
+        cache=False,
+        pad_id=shards.special_ids(manifest)["pad_id"],
+        **shapes,
+    )
+
+
+def tensorflow_parallel(config):
+    """The TensorFlow half of a run: tf.distribute strategy, per-replica batches, `Trainer`."""
+    strategy, worker = make_strategy()
+    options = config.optimization
+    return SimpleNamespace(
+        worker=worker,
+        workers=_tf_workers(),
+        scope=strategy.scope,
+        train_data=lambda manifest, folder, seed: _train_dataset_fn(config, manifest, folder, seed),
+        validation_data=lambda manifest, folder: _validation_batches(config, manifest, folder),
+        trainer=lambda model, optimizer, schedule: Trainer(
+            model,
+            optimizer,
+            strategy,
+            label_smoothing=options.label_smoothing,
+            accumulation_steps=options.accumulation_steps,
+            jit_compile=options.xla,
+        ),
+        clock=lambda started: budget_clock(strategy, started),
+    )
+
+
+def _validation_batches(config, manifest, folder, **shapes):
+    """The prepared validation examples in batches of `batch_tokens`, in order, once.
+
+    `shapes`: JAX's fixed-shape options, as `training_batches` takes them.
+    """
+    batching_config = config.batching
+    return batching.batch_examples(
+        shards.read_examples(manifest, folder),
+        batching_config.batch_tokens,
+        batching_config.max_length,
+        shuffle=False,
+        cache=False,
+        pad_id=shards.special_ids(manifest)["pad_id"],
+        **shapes,
+    )
+
+
+def process_batches(
+    config, manifest, folder, pipelines, processes, row_multiple, gather=None, seed=None
+):
+    """The training batches of JAX processes that each read their own shards.
+
+    Process `p` of `processes` batches the shards of input pipeline `p` into
+    fixed-shape buckets of `batch_tokens / processes` tokens, and the
+    processes agree on each step's bucket (`ProcessBatches`), so a global
+    batch holds about `batch_tokens`.
+
+    Args:
+        config: the run's `TrainConfig`.
+        manifest, folder: the prepared training data (`shards.read_manifest`).
+        pipelines: list of int, the input pipelines this process runs: its
+            own index, or all of them where one process stands for all.
+        processes: int, the number of input pipelines (processes).
+        row_multiple: int, each local batch's rows are a multiple of it
+            (the process's devices).
+        gather: callable, the processes' all-gather (see `ProcessBatches`);
+            None where this process runs every pipeline.
+        seed: int or None, the data order's seed (None: the run's).
+
+    Returns:
+        `ProcessBatches` over the local batches of `pipelines`.
+    """
+    shapes = {"fixed_shapes": True, "row_multiple": row_multiple, "ratio": JAX_BUCKET_RATIO}
+    budget = config.batching.batch_tokens // processes
+
+    def stream(pipeline):
+        batches = training_batches(
+            config, manifest, folder, pipeline, processes, budget, seed, **shapes
+        )
+        return MappedStream(TensorStream(batches), to_numpy)
+
+    bounds = batching.bucket_bounds(config.batching.max_length, JAX_BUCKET_RATIO)
+    return ProcessBatches(lambda: [stream(p) for p in pipelines], bounds, gather)
+
+
+def jax_parallel(config):
+    """The JAX half of a run: `DataParallel` over every device, fixed-shape batches, `JaxTrainer`.
+
+    One process reads global batches of about `batch_tokens` tokens; several
+    processes each read their own shards (`process_batches`). Batch sizes are
+    multiples of the device count.
+    """
+    import jax
+
+    from pipelines.training.jax_trainer import JaxTrainer, jax_budget_clock, make_distribution
+
+    if config.optimization.mixed_precision == "mixed_float16":
+        raise ConfigError(
+            "optimization.mixed_precision: mixed_float16 needs loss scaling, which training "
+            "on JAX does not do; use mixed_bfloat16"
+        )
+    distribution, worker = make_distribution()
+    shapes = {
+        "fixed_shapes": True,
+        "row_multiple": distribution.device_mesh.devices.size,
+        "ratio": JAX_BUCKET_RATIO,
+    }
+    options = config.optimization
+
+    processes = jax.process_count()
+    if processes > 1 and config.output.validation_sentences:
+        raise ConfigError(
+            "output.validation_sentences: a run of several JAX processes does not decode while "
+            "it trains (its weights span the processes); score with metric loss"
+        )
+
+    def train_data(manifest, folder, seed):
+        if processes > 1:
+            from jax.experimental import multihost_utils
+
+            index = jax.process_index()
+            return process_batches(
+                config,
+                manifest,
+                folder,
+                [index],
+                processes,
+                jax.local_device_count(),
+                multihost_utils.process_allgather,
+                seed,
+            )
+        return training_batches(
+            config, manifest, folder, 0, 1, config.batching.batch_tokens, seed, **shapes
+        )
+
+    return SimpleNamespace(
+        worker=worker,
+        workers=processes,
+        scope=distribution.scope,
+        train_data=train_data,
+        validation_data=lambda manifest, folder: _validation_batches(
+            config, manifest, folder, **shapes
+        ),
+        trainer=lambda model, optimizer, schedule: JaxTrainer(
+            model,
+            optimizer,
+            distribution,
+            label_smoothing=options.label_smoothing,
+            accumulation_steps=options.accumulation_steps,
+            schedule=schedule,
+        ),
+        clock=jax_budget_clock,
+    )

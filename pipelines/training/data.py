@@ -9,14 +9,20 @@ that a rerun skips when complete:
   3. `train/` and `validation/`: tokenized shards and their manifest
      (`preparation.prepare_shards`).
 Every other worker waits for the chief's complete manifests and reads its
-own share of the shards. Nothing holds the training corpus in memory: the
-validation and test sets, small, are read whole.
+own share of the shards. The workers fail with the chief: it writes
+`failed.json` on any exception, and beats (`chief.json`) while it prepares, so
+a worker whose chief was killed stops within `SILENT_SECONDS` instead of
+waiting forever. Nothing holds the training corpus in memory: the validation
+and test sets, small, are read whole.
 """
 
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
+import socket
+import threading
 import time
 
 from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
@@ -33,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 # Written by the chief once the training and validation data are complete, or once it failed.
 READY, FAILED = "ready.json", "failed.json"
+# Rewritten by the chief every `BEAT_SECONDS` while it prepares.
+ALIVE, BEAT_SECONDS = "chief.json", 5.0
+# A waiting worker gives up on a chief whose beat has not changed this long (by the
+# worker's own clock: the machines' clocks may differ), or that has not begun to beat.
+SILENT_SECONDS, FIRST_BEAT_SECONDS = 40.0, 120.0
 # Seconds between two looks of a waiting worker.
 POLL_SECONDS = 5.0
 
@@ -225,7 +236,7 @@ def clear_marks(chief_dir):
     Called before the workers meet (the strategy or distribution starts),
     so none of them can take an earlier attempt's mark for this one's.
     """
-    for name in (READY, FAILED):
+    for name in (READY, FAILED, ALIVE):
         path = os.path.join(chief_dir, "data", name)
         if os.path.exists(path):
             os.remove(path)
@@ -234,9 +245,10 @@ def clear_marks(chief_dir):
 def prepare_data(config, out_dir, workers=1):
     """The chief's preparation: plan, vocabulary, training and validation shards.
 
-    With other workers, a `UsageError` (a bad line, a refused setting) is
-    also written to `data/failed.json`, so they stop with it instead of
-    waiting.
+    With other workers, the chief beats in `data/chief.json` while it
+    prepares, and any exception (a bad line, a refused setting, a full disk,
+    an interruption) is also written to `data/failed.json`, so they stop with
+    it instead of waiting (`wait_for_chief`).
 
     Args:
         config: the run's `TrainConfig`.
@@ -250,12 +262,50 @@ def prepare_data(config, out_dir, workers=1):
         `(validation_pairs, test_pairs)` as `load_corpora` gives them.
     """
     clear_marks(out_dir)
-    try:
+    if workers == 1:
         return _prepare_data(config, out_dir, workers)
-    except UsageError as error:
-        if workers > 1:
-            write_json(os.path.join(out_dir, "data", FAILED), {"error": str(error)})
-        raise
+    data_dir = os.path.join(out_dir, "data")
+    with _beating(data_dir):
+        try:
+            return _prepare_data(config, out_dir, workers)
+        except BaseException as error:
+            with contextlib.suppress(OSError):  # a full disk: the workers see the beat stop
+                write_json(os.path.join(data_dir, FAILED), {"error": _described(error)})
+            raise
+
+
+def _described(error):
+    if isinstance(error, UsageError):
+        return str(error)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+@contextlib.contextmanager
+def _beating(data_dir):
+    """Rewrites `data_dir/chief.json` (a count, this host and process) every `BEAT_SECONDS`."""
+    os.makedirs(data_dir, exist_ok=True)
+    stop = threading.Event()
+    path = os.path.join(data_dir, ALIVE)
+    me = {"host": socket.gethostname(), "pid": os.getpid()}
+
+    def write(count):
+        with contextlib.suppress(OSError):
+            write_json(path, {**me, "beat": count})
+
+    def beat():
+        count = 1
+        while not stop.wait(BEAT_SECONDS):
+            write(count)
+            count += 1
+
+    write(0)  # beating before the work begins
+    thread = threading.Thread(target=beat, name="chief-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _prepare_data(config, out_dir, workers):
@@ -350,24 +400,50 @@ def wait_for_data(chief_dir, out_dir):
 
 
 def wait_for_chief(data_dir, clock=time.monotonic, sleep=time.sleep):
-    """Waits for the chief's ready mark in `data_dir` or its failed one.
+    """Waits for the chief's ready mark in `data_dir`, its failed one, or its silence.
 
     Returns:
         str, the ready mark's path.
 
     Raises:
-        DataError: with the chief's error, where its preparation failed.
+        DataError: with the chief's error, where its preparation failed; or
+            where its beat (`chief.json`) stopped for `SILENT_SECONDS`, or
+            never began in `FIRST_BEAT_SECONDS` (the chief was killed, or
+            its machine lost).
     """
-    started = last = clock()
+    started = last = changed = clock()
+    beat = None
     while not os.path.exists(os.path.join(data_dir, READY)):
         if os.path.exists(os.path.join(data_dir, FAILED)):
             error = read_json(os.path.join(data_dir, FAILED))["error"]
             raise DataError(f"the chief's data preparation failed: {error}")
+        now = _read_beat(data_dir)
+        if now != beat:
+            beat, changed = now, clock()
+        elif beat is None and clock() - changed >= FIRST_BEAT_SECONDS:
+            raise DataError(
+                f"the chief has not begun preparing the data in {data_dir} in "
+                f"{clock() - started:.0f} s (no {ALIVE}): it is not running; restart every worker"
+            )
+        elif beat is not None and clock() - changed >= SILENT_SECONDS:
+            raise DataError(
+                f"the chief stopped preparing the data in {data_dir}: its {ALIVE} "
+                f"(host {beat.get('host')}, process {beat.get('pid')}) has not changed in "
+                f"{clock() - changed:.0f} s; it was killed or lost its machine. "
+                "Restart every worker"
+            )
         if clock() - last >= PROGRESS_SECONDS:
             last = clock()
             logger.info("Waiting for the chief's data in %s (%.0f s)", data_dir, last - started)
         sleep(POLL_SECONDS)
     return os.path.join(data_dir, READY)
+
+
+def _read_beat(data_dir):
+    try:
+        return read_json(os.path.join(data_dir, ALIVE))
+    except (OSError, ValueError):  # not there yet, or removed by a restarting chief
+        return None
 
 
 def _complete(folder):

@@ -211,20 +211,24 @@ def _write_shard(folder, index, shard, plan, summaries):
     return {"file": shard_name(index, shard), "records": expected, "bytes": os.path.getsize(path)}
 
 
-def plan_shards(pairs, copies, shard_size, min_shards):
-    """Shards per corpus: `ceil(pairs * copies / shard_size)`, at least `min_shards`.
+def plan_shards(pairs, copies, shard_size, pipelines):
+    """Shards per corpus: about `pairs * copies / shard_size`, a multiple of `pipelines`.
+
+    Every input pipeline (a worker's or process's stream) then reads as many
+    shards of each corpus as every other, so none sees its examples at
+    another rate.
 
     Args:
         pairs: list of int, each corpus's non-empty pairs.
         copies: int, segmentations of each pair written (BPE-dropout copies).
         shard_size: int, examples a shard holds about.
-        min_shards: int, shards per corpus at least (a training stream per
-            worker needs one of its own).
+        pipelines: int, the input pipelines that will share the shards.
 
     Returns:
         list of int.
     """
-    return [max(-(-n * copies // shard_size), min_shards, 1) for n in pairs]
+    shards = [max(-(-n * copies // shard_size), 1) for n in pairs]
+    return [-(-count // pipelines) * pipelines for count in shards]
 
 
 def prepare_shards(corpora, folder, spm_path, plan, alpha=0.0, threads=None):

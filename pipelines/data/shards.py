@@ -126,13 +126,20 @@ def read_manifest(folder, identity=None):
         and `shards` (`file`, `records`, `bytes`); or None if incomplete.
 
     Raises:
-        DataError: a complete preparation of other data or settings.
+        DataError: a complete preparation of other data or settings, or of
+            another `FORMAT`.
     """
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as handle:
         manifest = json.load(handle)
+    if manifest.get("format") != FORMAT:
+        raise DataError(
+            f"{folder}: prepared in format {manifest.get('format')}, and this version reads "
+            f"format {FORMAT}: remove that folder to prepare it again, or train into a new "
+            "output_dir"
+        )
     for corpus in manifest["corpora"]:
         for shard in corpus["shards"]:
             file = os.path.join(folder, shard["file"])

@@ -132,8 +132,14 @@ class RunBackup:
         return read_json(os.path.join(latest[1], STATE)) if latest else None
 
     def _restarts(self, state):
-        """Whether a backup's stream was of other settings (its position does not apply)."""
-        return state.get("stream_settings", {}) != self.stream_settings
+        """Whether the stream starts anew: a backup's of other settings, or a service's.
+
+        A tf.data service's stream has no position to save (its iterator
+        cannot be checkpointed), so a resume on a service starts its data
+        order anew at the restored step rather than reading past it.
+        """
+        changed = state.get("stream_settings", {}) != self.stream_settings
+        return changed or bool(self.stream_settings.get("data_service"))
 
     def choose_data_seed(self, seed):
         """The data order's seed for this process: the run's, or the one a restart drew.
@@ -232,11 +238,12 @@ class RunBackup:
         values = [keras.ops.convert_to_numpy(v) for v in model.non_trainable_variables]
         with open(os.path.join(staging, NON_TRAINABLE), "wb") as handle:
             np.savez(handle, *values)
-        if stream is not None:
+        positioned = stream is not None and not self.stream_settings.get("data_service")
+        if positioned:
             stream.save(os.path.join(staging, STREAM))
         state = {
             "step": step,
-            "stream": stream is not None,
+            "stream": positioned,
             "stream_settings": self.stream_settings,
             "data_seed": self.data_seed,
             "callbacks": callbacks_state,

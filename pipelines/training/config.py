@@ -16,6 +16,7 @@ command promises, naming the setting and the value, without a dependency.
 import dataclasses
 import json
 import os
+import re
 import typing
 
 import keras
@@ -96,7 +97,19 @@ class BatchingConfig:
         0.0, "BPE-dropout: probability of skipping a merge (0: off)", low=0.0, below=1.0
     )
     subword_copies: int = setting(4, "sampled segmentations of the corpus made", low=1)
-    shuffle_buffer: int = setting(100_000, "training examples in the shuffle buffer", low=1)
+    shuffle_buffer: int = setting(
+        100_000, "training examples in the shuffle buffers (shared by the input streams)", low=1
+    )
+    input_streams: int | None = setting(
+        None,
+        "length-bucketing streams a worker reads at once, over disjoint shards "
+        "(null: one per two cores, 1 to 16)",
+        low=1,
+        high=64,
+    )
+    data_service: str | None = setting(
+        None, "a tf.data service dispatcher (grpc://HOST:PORT) whose workers run the streams"
+    )
     whole_target_tokens: bool = setting(
         False, "each distinct space-separated target token is one piece (closed vocabularies)"
     )
@@ -435,6 +448,11 @@ def validate(config):
         raise ConfigError(
             "average_share counts every checkpoint, which keep_checkpoints removes: "
             "set average_last instead"
+        )
+    service = config.batching.data_service
+    if service is not None and not re.fullmatch(r"(grpc://)?[^\s:/]+:\d+", service):
+        raise ConfigError(
+            f"data_service must be grpc://HOST:PORT. Received: data_service={service!r}"
         )
     if config.batching.batch_tokens < config.batching.max_length:
         raise ConfigError(

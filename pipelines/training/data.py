@@ -9,43 +9,30 @@ that a rerun skips when complete:
   3. `train/` and `validation/`: tokenized shards and their manifest
      (`preparation.prepare_shards`).
 Every other worker waits for the chief's complete manifests and reads its
-own share of the shards. The workers fail with the chief: it writes
-`failed.json` on any exception, and beats (`chief.json`) while it prepares, so
-a worker whose chief was killed stops within `SILENT_SECONDS` instead of
-waiting forever. Nothing holds the training corpus in memory: the validation
-and test sets, small, are read whole.
+own share of the shards, and fails with the chief (`chief.py`). Nothing
+holds the training corpus in memory: the validation and test sets, small,
+are read whole.
 """
 
-import contextlib
 import hashlib
 import logging
 import os
 import shutil
-import socket
-import threading
-import time
 
 from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
-from pipelines.data.progress import PROGRESS_SECONDS
 from pipelines.data.vocabularies import target_vocabulary_path
-from pipelines.errors import DataError, UsageError
+from pipelines.errors import DataError
 from pipelines.files import atomic_text, read_json, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import tags_path, target_tokens, treebank_pairs
+from pipelines.training import chief
 from pipelines.training.heldout import is_parser, tree_words
 from pipelines.training.init_from import copy_vocabulary, find_source
 
 logger = logging.getLogger(__name__)
 
-# Written by the chief once the training and validation data are complete, or once it failed.
-READY, FAILED = "ready.json", "failed.json"
-# Rewritten by the chief every `BEAT_SECONDS` while it prepares.
-ALIVE, BEAT_SECONDS = "chief.json", 5.0
-# A waiting worker gives up on a chief whose beat has not changed this long (by the
-# worker's own clock: the machines' clocks may differ), or that has not begun to beat.
-SILENT_SECONDS, FIRST_BEAT_SECONDS = 40.0, 120.0
-# Seconds between two looks of a waiting worker.
-POLL_SECONDS = 5.0
+# The most input streams a worker runs unless told (`default_input_streams`).
+MAX_DEFAULT_STREAMS = 16
 
 
 def load_corpora(config):
@@ -112,7 +99,7 @@ def _plan(config, corpora, folder, workers, spm_path):
         DataError: `folder` holds a plan of other corpora or data settings.
     """
     path = os.path.join(folder, "plan.json")
-    batching, seed = config.batching, config.optimization.seed
+    batching, data, seed = config.batching, config.data, config.optimization.seed
     identity = {
         "corpora": [c.identity for c in corpora],
         "weights": [c.weight for c in corpora],
@@ -134,24 +121,74 @@ def _plan(config, corpora, folder, workers, spm_path):
                 f"{data_dir} holds data prepared from other data or settings "
                 f"({', '.join(differing)}): train into a new output_dir"
             )
-        return plan
+        return _replanned(plan, path, workers, config.batching.input_streams)
     found = scan.scan(corpora, batching.vocabulary_sample, seed)
     os.makedirs(folder, exist_ok=True)
     with atomic_text(os.path.join(folder, "sample.txt")) as handle:
         for source, target in found["sample"]:
             handle.write(f"{_one_line(source)}\n{_one_line(target)}\n")
     copies = identity["subword_copies"]
+    streams = config.batching.input_streams or default_input_streams()
+    pipelines = workers * streams
     plan = {
         "identity": identity,
         "lines": found["lines"],
         "pairs": found["pairs"],
         "shares": scan.mixing_shares(corpora, found["pairs"]),
-        "shards": preparation.plan_shards(found["pairs"], copies, config.data.shard_size, workers),
+        "shards": preparation.plan_shards(found["pairs"], copies, data.shard_size, pipelines),
         "seed": seed,
         "copies": copies,
+        "workers": workers,
+        "input_streams": streams,
     }
     write_json(path, plan)
     return plan
+
+
+def default_input_streams():
+    """One input stream per two cores this process may use (the rest feed the step), 1 to 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min((cores or 1) // 2, MAX_DEFAULT_STREAMS))
+
+
+def _replanned(plan, path, workers, streams):
+    """An existing plan for this run's workers and input streams, or a `DataError`.
+
+    The workers must be those the shards were planned for: another number
+    would share them unevenly or change the stream. Another number of
+    streams (given; unset keeps the plan's) is taken where it shares every
+    corpus's shards evenly, and recorded.
+    """
+    folder = os.path.dirname(path)
+    planned = plan.get("workers")
+    if planned is not None and planned != workers:
+        raise DataError(
+            f"{folder} was prepared for {planned} workers, and this run has {workers}: resume "
+            f"it with {planned} (the workers of TF_CONFIG, or JAX processes), or train into a "
+            "new output_dir with --init-from"
+        )
+    streams = streams or plan.get("input_streams", 1)
+    pipelines = workers * streams
+    if planned is None and min(plan["shards"]) < pipelines:  # a plan of an earlier version
+        raise DataError(
+            f"{folder} was prepared for {min(plan['shards'])} input pipelines, fewer than these "
+            f"{workers} workers x {streams} input_streams: train into a new output_dir"
+        )
+    if planned is not None and any(count % pipelines for count in plan["shards"]):
+        raise DataError(
+            f"input_streams: {folder} holds {plan['shards']} shards a corpus, which {workers} "
+            f"workers x {streams} input_streams cannot share evenly; choose input_streams "
+            f"that divides them (it was {plan.get('input_streams', 1)}), or leave it unset"
+        )
+    if plan.get("input_streams", 1) != streams:
+        plan = {**plan, "input_streams": streams}
+        write_json(path, plan)
+    return plan
+
+
+def planned_streams(train_dir):
+    """The input streams a worker reads, as the chief's plan in `train_dir` records them."""
+    return read_json(os.path.join(train_dir, "plan.json")).get("input_streams", 1)
 
 
 def _one_line(text):
@@ -230,18 +267,6 @@ def _file_sha256(path):
     return digest.hexdigest()
 
 
-def clear_marks(chief_dir):
-    """Removes an earlier attempt's ready and failed marks: the chief's first step.
-
-    Called before the workers meet (the strategy or distribution starts),
-    so none of them can take an earlier attempt's mark for this one's.
-    """
-    for name in (READY, FAILED, ALIVE):
-        path = os.path.join(chief_dir, "data", name)
-        if os.path.exists(path):
-            os.remove(path)
-
-
 def prepare_data(config, out_dir, workers=1):
     """The chief's preparation: plan, vocabulary, training and validation shards.
 
@@ -261,51 +286,11 @@ def prepare_data(config, out_dir, workers=1):
         the validation manifest or None, and the held-out pair lists
         `(validation_pairs, test_pairs)` as `load_corpora` gives them.
     """
-    clear_marks(out_dir)
+    chief.clear_marks(out_dir)
     if workers == 1:
         return _prepare_data(config, out_dir, workers)
-    data_dir = os.path.join(out_dir, "data")
-    with _beating(data_dir):
-        try:
-            return _prepare_data(config, out_dir, workers)
-        except BaseException as error:
-            with contextlib.suppress(OSError):  # a full disk: the workers see the beat stop
-                write_json(os.path.join(data_dir, FAILED), {"error": _described(error)})
-            raise
-
-
-def _described(error):
-    if isinstance(error, UsageError):
-        return str(error)
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-@contextlib.contextmanager
-def _beating(data_dir):
-    """Rewrites `data_dir/chief.json` (a count, this host and process) every `BEAT_SECONDS`."""
-    os.makedirs(data_dir, exist_ok=True)
-    stop = threading.Event()
-    path = os.path.join(data_dir, ALIVE)
-    me = {"host": socket.gethostname(), "pid": os.getpid()}
-
-    def write(count):
-        with contextlib.suppress(OSError):
-            write_json(path, {**me, "beat": count})
-
-    def beat():
-        count = 1
-        while not stop.wait(BEAT_SECONDS):
-            write(count)
-            count += 1
-
-    write(0)  # beating before the work begins
-    thread = threading.Thread(target=beat, name="chief-beat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    with chief.failing_together(os.path.join(out_dir, "data")):
+        return _prepare_data(config, out_dir, workers)
 
 
 def _prepare_data(config, out_dir, workers):
@@ -314,11 +299,6 @@ def _prepare_data(config, out_dir, workers):
     train_dir = os.path.join(data_dir, "train")
     spm_path = os.path.join(out_dir, "sentencepiece.model")
     plan = _plan(config, corpora, train_dir, workers, spm_path)
-    if min(plan["shards"]) < workers:
-        raise DataError(
-            f"{train_dir} was prepared for {min(plan['shards'])} workers, fewer than these "
-            f"{workers}: train into a new output_dir"
-        )
     if os.path.exists(spm_path):  # a resumed run keeps its vocabulary
         pass
     elif config.model.init_from:  # the source model's, byte for byte
@@ -327,10 +307,14 @@ def _prepare_data(config, out_dir, workers):
         train_vocabulary(config, _sample_pairs(train_dir), spm_path)
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
         os.remove(os.path.join(train_dir, "sample.txt"))
-    identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
-    sizes = [
-        tokenizer.vocabulary_size(path) for path in (spm_path, target_vocabulary_path(spm_path))
-    ]
+    target = target_vocabulary_path(spm_path)
+    identity = {
+        **plan["identity"],
+        "vocabulary": _file_sha256(spm_path),
+        # One a side (an imported model's) or shared: the shards' targets differ.
+        "target_vocabulary": _file_sha256(target) if target != spm_path else None,
+    }
+    sizes = [tokenizer.vocabulary_size(path) for path in (spm_path, target)]
     dtype = shards.record_dtype(max(sizes))
     ids = tokenizer.special_ids(spm_path)  # the examples' start, end and padding ids
     plan = {**plan, "identity": identity, "dtype": dtype, "special_ids": ids}
@@ -342,7 +326,7 @@ def _prepare_data(config, out_dir, workers):
     if validation_pairs:
         validation = _prepare_heldout(validation_pairs, os.path.join(data_dir, "validation"), plan)
     # What the other workers wait for: both manifests are complete.
-    write_json(os.path.join(data_dir, READY), {"validation": validation is not None})
+    write_json(os.path.join(data_dir, chief.READY), {"validation": validation is not None})
     return train, validation, (validation_pairs, test_pairs)
 
 
@@ -386,7 +370,7 @@ def wait_for_data(chief_dir, out_dir):
         evaluates).
     """
     data_dir = os.path.join(chief_dir, "data")
-    ready = wait_for_chief(data_dir)
+    ready = chief.wait_for_chief(data_dir)
     train = _complete(os.path.join(data_dir, "train"))
     validation = None
     if read_json(ready)["validation"]:
@@ -397,53 +381,6 @@ def wait_for_data(chief_dir, out_dir):
         if os.path.exists(os.path.join(chief_dir, name)):
             shutil.copyfile(os.path.join(chief_dir, name), os.path.join(out_dir, name))
     return train, validation, (None, None)
-
-
-def wait_for_chief(data_dir, clock=time.monotonic, sleep=time.sleep):
-    """Waits for the chief's ready mark in `data_dir`, its failed one, or its silence.
-
-    Returns:
-        str, the ready mark's path.
-
-    Raises:
-        DataError: with the chief's error, where its preparation failed; or
-            where its beat (`chief.json`) stopped for `SILENT_SECONDS`, or
-            never began in `FIRST_BEAT_SECONDS` (the chief was killed, or
-            its machine lost).
-    """
-    started = last = changed = clock()
-    beat = None
-    while not os.path.exists(os.path.join(data_dir, READY)):
-        if os.path.exists(os.path.join(data_dir, FAILED)):
-            error = read_json(os.path.join(data_dir, FAILED))["error"]
-            raise DataError(f"the chief's data preparation failed: {error}")
-        now = _read_beat(data_dir)
-        if now != beat:
-            beat, changed = now, clock()
-        elif beat is None and clock() - changed >= FIRST_BEAT_SECONDS:
-            raise DataError(
-                f"the chief has not begun preparing the data in {data_dir} in "
-                f"{clock() - started:.0f} s (no {ALIVE}): it is not running; restart every worker"
-            )
-        elif beat is not None and clock() - changed >= SILENT_SECONDS:
-            raise DataError(
-                f"the chief stopped preparing the data in {data_dir}: its {ALIVE} "
-                f"(host {beat.get('host')}, process {beat.get('pid')}) has not changed in "
-                f"{clock() - changed:.0f} s; it was killed or lost its machine. "
-                "Restart every worker"
-            )
-        if clock() - last >= PROGRESS_SECONDS:
-            last = clock()
-            logger.info("Waiting for the chief's data in %s (%.0f s)", data_dir, last - started)
-        sleep(POLL_SECONDS)
-    return os.path.join(data_dir, READY)
-
-
-def _read_beat(data_dir):
-    try:
-        return read_json(os.path.join(data_dir, ALIVE))
-    except (OSError, ValueError):  # not there yet, or removed by a restarting chief
-        return None
 
 
 def _complete(folder):

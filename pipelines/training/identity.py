@@ -40,8 +40,9 @@ RESUMABLE = (
     "extra_length",
     "tree_constraint",
 )
-# The settings of an update's batching: a change restarts the data order (see above).
-STREAM = ("batch_tokens", "accumulation_steps")
+# The settings of the training stream: a change restarts the data order (see above).
+# The input streams and the data service change the order, never an update's tokens.
+STREAM = ("batch_tokens", "accumulation_steps", "input_streams", "data_service")
 # Settings that name files or folders: compared as absolute paths.
 PATHS = (
     "multi30k_dir",
@@ -85,11 +86,20 @@ def differing_settings(recorded, config):
 
 
 def stream_settings(config):
-    """`{name: value}` of the `STREAM` settings: what the saved data position depends on."""
-    return {
+    """`{name: value}` of the `STREAM` settings: what the saved data position depends on.
+
+    `input_streams` is listed where it is not 1 and `data_service` where it
+    is set, so that a backup written before they existed compares equal.
+    """
+    settings = {
         "batch_tokens": config.batching.batch_tokens,
         "accumulation_steps": config.optimization.accumulation_steps,
     }
+    if (config.batching.input_streams or 1) != 1:
+        settings["input_streams"] = config.batching.input_streams
+    if config.batching.data_service:
+        settings["data_service"] = config.batching.data_service
+    return settings
 
 
 def check_rerun(config, restart_data_order=False):

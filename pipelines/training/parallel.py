@@ -6,6 +6,7 @@
 """
 
 import functools
+import hashlib
 import json
 import os
 from types import SimpleNamespace
@@ -80,11 +81,20 @@ def training_batches(
 ):
     """Input pipeline `pipeline`'s training batches: its shards, shuffled, repeated, bucketed.
 
+    The pipeline runs `config.batching.input_streams` streams at once, each
+    over its own shards with its own length buckets (`group_by_window` runs
+    in one thread a stream), and takes their batches in turn, so the order
+    is a function of the seed and every batch keeps its token budget. With
+    `data_service` the streams run on that tf.data service's workers, which
+    read the shards at the same paths.
+
     Args:
-        config: the run's `TrainConfig` (seed, shuffle buffer, `max_length`).
+        config: the run's `TrainConfig` (seed, shuffle buffer, `max_length`,
+            `input_streams`, `data_service`).
         manifest, folder: the prepared training data (`shards.read_manifest`).
-        pipeline, pipelines: int, this input pipeline and their number (it
-            reads every `pipelines`-th shard, see `shards.read_examples`).
+        pipeline, pipelines: int, this input pipeline and their number
+            (stream `s` of `S` reads every `pipelines * S`-th shard from
+            `pipeline * S + s`, see `shards.read_examples`).
         batch_tokens: int, this pipeline's token budget (`max_length` at least).
         seed: int or None, the data order's seed (None: the run's; see
             `backup.data_order_seed`).
@@ -95,19 +105,59 @@ def training_batches(
         `tf.data.Dataset` of `((source_ids, target_input_ids), target_output_ids)`.
     """
     seed = config.optimization.seed if seed is None else seed
-    max_length = config.batching.max_length
-    examples = shards.read_examples(manifest, folder, True, seed, pipeline, pipelines)
-    return batching.batch_examples(
-        examples,
-        max(batch_tokens, max_length),
-        max_length,
-        shuffle=True,
-        repeat=True,
-        seed=seed,
-        shuffle_buffer=config.batching.shuffle_buffer,
-        cache=False,
-        pad_id=shards.special_ids(manifest)["pad_id"],
-        **shapes,
+    streams = config.batching.input_streams or 1
+    parts = []
+    for stream in range(streams):
+        examples = shards.read_examples(
+            manifest, folder, True, _stream_seed(seed, stream), pipeline * streams + stream,
+            pipelines * streams,
+        )  # fmt: skip
+        part = batching.batch_examples(
+            examples,
+            max(batch_tokens, config.batching.max_length),
+            config.batching.max_length,
+            shuffle=True,
+            repeat=True,
+            seed=_stream_seed(seed, stream),
+            shuffle_buffer=max(config.batching.shuffle_buffer // streams, 1),
+            cache=False,
+            pad_id=shards.special_ids(manifest)["pad_id"],
+            **shapes,
+        )
+        if config.batching.data_service:
+            part = _on_service(part, config, f"{seed}-{pipeline}-{stream}")
+        parts.append(part)
+    if streams == 1:
+        return parts[0]
+    return tf.data.Dataset.choose_from_datasets(parts, tf.data.Dataset.range(streams).repeat())
+
+
+def _stream_seed(seed, stream):
+    """Stream `stream`'s shuffling seed: the run's for the first, others derived from it."""
+    return seed if stream == 0 else seed + 7919 * stream
+
+
+def _on_service(part, config, name):
+    """`part` produced by one worker of `config`'s tf.data service, in order.
+
+    One split (the dataset of one element that the stream hangs from) goes
+    to one service worker, which produces the whole stream; the job's name
+    holds the run's folder, the seed and the stream, so a run's consumers
+    never share a job with another run's, and a resume (a new seed) starts
+    a new job.
+    """
+    service = tf.data.experimental.service
+    address = config.batching.data_service
+    if not address.startswith("grpc://"):
+        address = f"grpc://{address}"
+    run = hashlib.sha256(os.path.abspath(config.output.output_dir).encode()).hexdigest()[:12]
+    hanging = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(lambda _: part)
+    return hanging.apply(
+        service.distribute(
+            processing_mode=service.ShardingPolicy.DYNAMIC,
+            service=address,
+            job_name=f"kt-{run}-{name}",
+        )
     )
 
 
@@ -119,7 +169,7 @@ def tensorflow_parallel(config):
         worker=worker,
         workers=_tf_workers(),
         scope=strategy.scope,
-        train_data=lambda manifest, folder, seed: _train_dataset_fn(config, manifest, folder, seed),
+        train_data=_train_dataset_fn,
         validation_data=lambda manifest, folder: _validation_batches(config, manifest, folder),
         trainer=lambda model, optimizer, schedule: Trainer(
             model,
@@ -219,7 +269,7 @@ def jax_parallel(config):
             "it trains (its weights span the processes); score with metric loss"
         )
 
-    def train_data(manifest, folder, seed):
+    def train_data(config, manifest, folder, seed):  # the run's config, its streams resolved
         if processes > 1:
             from jax.experimental import multihost_utils
 

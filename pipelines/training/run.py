@@ -1,6 +1,7 @@
 """One training run from a `TrainConfig`: data, vocabulary, model, fit, save."""
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -13,7 +14,7 @@ import keras_transformer as kt
 from pipelines.data import tokenizer
 from pipelines.errors import ConfigError
 from pipelines.files import atomic_output, run_folder_lock, write_json
-from pipelines.training import data
+from pipelines.training import chief, data
 from pipelines.training.backup import RunBackup, backup_folders
 from pipelines.training.callbacks import (
     BestCheckpoint,
@@ -140,9 +141,9 @@ def run_training(config):
         dict of results: steps, final losses, validation BLEU, paths.
     """
     folder = config.output.output_dir
-    chief = chief_by_environment()
-    with run_folder_lock(folder, "output_dir") if chief else contextlib.nullcontext():
-        if chief:
+    is_chief = chief_by_environment()
+    with run_folder_lock(folder, "output_dir") if is_chief else contextlib.nullcontext():
+        if is_chief:
             _refuse_restart_of_finished_run(folder)
         return _run_training(config)
 
@@ -170,7 +171,7 @@ def _run_training(config):
     if backend not in ("tensorflow", "jax"):
         raise ConfigError(f"kt train needs KERAS_BACKEND=tensorflow or jax, not {backend}")
     if chief_by_environment():
-        data.clear_marks(config.output.output_dir)
+        chief.clear_marks(config.output.output_dir)
     parallel = jax_parallel(config) if backend == "jax" else tensorflow_parallel(config)
     worker = parallel.worker
     out_dir = (
@@ -186,10 +187,15 @@ def _run_training(config):
     else:
         train, validation, heldout = data.wait_for_data(chief_dir, out_dir)
     validation_pairs, test_pairs = heldout
+    train_dir = os.path.join(chief_dir, "data", "train")
+    # The input streams the chief planned the shards for (unset: from its cores), recorded.
+    streams = data.planned_streams(train_dir)
+    config = dataclasses.replace(
+        config, batching=dataclasses.replace(config.batching, input_streams=streams)
+    )
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, "config.json"), config.to_dict())
     spm_path = os.path.join(out_dir, "sentencepiece.model")
-    train_dir = os.path.join(chief_dir, "data", "train")
     validation_dir = os.path.join(chief_dir, "data", "validation")
     validation_data = None
     if validation is not None:
@@ -215,7 +221,7 @@ def _run_training(config):
     )
     seed = backup.choose_data_seed(config.optimization.seed)
     history = trainer.fit(
-        parallel.train_data(train, train_dir, seed),
+        parallel.train_data(config, train, train_dir, seed),
         steps=config.optimization.steps or UNLIMITED_STEPS,
         steps_per_epoch=config.optimization.steps_per_epoch,
         callbacks=_callbacks(

@@ -270,7 +270,7 @@ def test_a_run_prepared_for_fewer_workers_is_refused_and_a_new_vocabulary_prepar
                                    "vocabulary_size": 200})  # fmt: skip
     train, _, _ = prepare_data(config, str(out))
     assert len(train["corpora"][0]["shards"]) == 1
-    with pytest.raises(DataError, match="prepared for 1 workers, fewer than these 2"):
+    with pytest.raises(DataError, match="prepared for 1 workers, and this run has 2"):
         prepare_data(config, str(out), workers=2)
     assert json.loads((out / "data" / "failed.json").read_text())["error"].startswith(str(out))
     # A vocabulary trained again (another size) since: the shards are made again, not refused.

@@ -367,20 +367,8 @@ def check_limits(name, value):
                 )
 
 
-def validate(config):
-    """Checks every setting's range and the rules between settings.
-
-    Returns:
-        `config`.
-
-    Raises:
-        ConfigError: naming the first bad setting and its value.
-    """
-    for item in SETTINGS.values():
-        value = getattr(getattr(config, item.group), item.name)
-        if value is not None:
-            check_limits(item.name, value)
-    data, model, optimization = config.data, config.model, config.optimization
+def _check_corpus(data):
+    """The rules between the corpus settings (`DataConfig`)."""
     if data.corpus == "multi30k" and not data.multi30k_dir:
         raise ConfigError("corpus 'multi30k' needs multi30k_dir (--multi30k-dir)")
     if data.corpus == "files" and not data.train_files:
@@ -399,6 +387,23 @@ def validate(config):
         raise ConfigError("corpus 'tfds' needs tfds_name (--tfds-name NAME)")
     if data.corpus == "ptb" and not data.treebank_dir:
         raise ConfigError("corpus 'ptb' needs treebank_dir (--treebank-dir)")
+
+
+def validate(config):
+    """Checks every setting's range and the rules between settings.
+
+    Returns:
+        `config`.
+
+    Raises:
+        ConfigError: naming the first bad setting and its value.
+    """
+    for item in SETTINGS.values():
+        value = getattr(getattr(config, item.group), item.name)
+        if value is not None:
+            check_limits(item.name, value)
+    _check_corpus(config.data)
+    model, optimization = config.model, config.optimization
     if config.decoding.tree_constraint and not config.batching.whole_target_tokens:
         raise ConfigError(
             "tree_constraint needs whole_target_tokens: the constraint reads the brackets and "

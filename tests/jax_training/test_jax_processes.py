@@ -121,13 +121,15 @@ def run_processes(out, flags, timeout=600):
 @pytest.mark.slow
 def test_two_processes_train_as_one_process_on_the_same_global_batches(tmp_path):
     out = tmp_path / "run"
-    run_processes(out, ["--steps", "6", "--steps-per-epoch", "3", "--average-last", "1", *TINY])
+    streams = ["--input-streams", "2"]  # each process reads two streams (after TINY's 1)
+    flags = ["--steps", "6", "--steps-per-epoch", "3", "--average-last", "1", *TINY, *streams]
+    run_processes(out, flags)
     result = json.loads((out / "result.json").read_text())
     # Process 0 decoded the held-out split alone, from a copy of the weights of its own.
     assert result["steps"] == 6 and "greedy_bleu" in result
     train_dir = str(out / "data" / "train")
     manifest = shards.read_manifest(train_dir)
-    assert len(manifest["corpora"][0]["shards"]) == 2  # one a process at least
+    assert len(manifest["corpora"][0]["shards"]) == 4  # one a stream of each process
     # Process 1 prepared nothing: it waited for the chief's data.
     assert not (out / "workers" / "worker-1" / "data").exists()
     # One process, one device, the two pipelines' rows side by side: the same steps.
@@ -138,7 +140,7 @@ def test_two_processes_train_as_one_process_on_the_same_global_batches(tmp_path)
     trained = keras.saving.load_model(str(out / "checkpoints" / "epoch-002.keras"))
     # Given 3 more steps, both processes go on from their backups: each restores its
     # pipeline's position and the batches it held, and they take the steps one process takes.
-    run_processes(out, ["--steps", "9", "--steps-per-epoch", "3", "--average-last", "1", *TINY])
+    run_processes(out, ["--steps", "9", *flags[2:]])
     extended = json.loads((out / "result.json").read_text())
     assert extended["resumed_at_step"] == 6 and extended["steps"] == 9
     assert extended["history"]["loss"] == pytest.approx(history.history["loss"][2:], abs=2e-5)

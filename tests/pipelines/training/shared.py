@@ -11,6 +11,7 @@ TINY = [
     "--set", "model.intermediate_dim=64",
     "--batch-tokens", "512",
     "--vocabulary-size", "200",
+    "--input-streams", "1",  # the same stream whatever the machine's cores
 ]  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["--output-dir", out, "--steps", "4", "--steps-per-epoch", "2", "--average-last", "2"]
     sampling = ["--subword-sampling", "0.2", "--set", "subword_copies=2"]
-    assert main(args + sampling + TINY) == 0
+    assert main(args + sampling + TINY + ["--input-streams", "2"]) == 0
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["steps"] == 4 and result["resumed_at_step"] == 0
     assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == [
@@ -98,15 +98,18 @@ def test_short_run_writes_every_output(tmp_path, capsys):
     assert (tmp_path / "run" / "heldout.source").read_text().splitlines() == test_sources
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["optimization"]["steps"] == 4 and config["model"]["hidden_dim"] == 32
+    assert config["batching"]["input_streams"] == 2
     # Stdout is not a terminal here: one plain line an epoch, no bar.
     printed = capsys.readouterr().out
     lines = [line for line in printed.splitlines() if line.startswith("epoch ")]
     assert [line.split(",")[0] for line in lines] == ["epoch 1: step 2/4", "epoch 2: step 4/4"]
     assert "steps/s" in lines[0] and "left" in lines[0] and "val_loss" in lines[0]
     assert "\r" not in printed and "\x1b" not in printed
-    # Trained on two BPE-dropout copies of the 1,500 pairs, prepared in complete shards.
+    # Trained on two BPE-dropout copies of the 1,500 pairs, prepared in complete shards,
+    # one for each of the two input streams.
     manifest = shards.read_manifest(os.path.join(out, "data", "train"))
     assert manifest["corpora"][0]["examples"] == 2 * 1500
+    assert len(manifest["corpora"][0]["shards"]) == 2
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
     assert model.hidden_dim == 32 and model.vocabulary_size == 200
     events = os.listdir(os.path.join(out, "logs", "train"))
@@ -172,7 +175,7 @@ def train_on_two_workers(out, *flags, timeout=600):
         }
         for index in range(2)
     ]
-    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *flags, *TINY]
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *TINY, *flags]
     return run_together(command, ROOT, environments, timeout)
 
 
@@ -195,8 +198,8 @@ def assert_same_weights_and_steps(out):
 def test_two_workers_train_to_identical_weights(tmp_path):
     out = tmp_path / "run"
     steps = ["--steps", "6", "--steps-per-epoch", "3", "--accumulation-steps", "2"]
-    # Compare the trained weights, not an average.
-    logs = train_on_two_workers(out, *steps, "--average-last", "1")
+    # Compare the trained weights, not an average; each worker reads two input streams.
+    logs = train_on_two_workers(out, *steps, "--average-last", "1", "--input-streams", "2")
     assert assert_same_weights_and_steps(out)[0]["steps"] == 6
     assert "MultiWorkerMirroredStrategy" in logs[0]
 

@@ -28,6 +28,7 @@ COMMANDS = {
     "attention": "pipelines.commands.attention",
     "ct2-export": "pipelines.commands.ctranslate2_export",
     "import": "pipelines.commands.import_model",
+    "data-service": "pipelines.commands.data_service",
     "demo": "pipelines.commands.demo",
 }
 # Commands that never import TensorFlow (scoring text files).

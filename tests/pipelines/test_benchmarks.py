@@ -20,6 +20,7 @@ from benchmarks import (
     decoding_profile,
     gpu_recipe_study,
     gpu_training,
+    input_streams,
     int8_serving,
     long_run,
     multi30k_recipe,
@@ -505,6 +506,22 @@ def test_corpus_scale_smoke(multi30k_dir, tmp_path):
     assert result["stream_target_tokens_per_second_per_core"] > 0
     assert result["gpu_consumption"]["target_tokens_per_second"] > 0
     assert not work.exists()  # the corpora and runs are removed
+
+
+@pytest.mark.slow  # five processes, one a stream count and a pinned one
+def test_input_streams_smoke(multi30k_dir, tmp_path):
+    output, work = tmp_path / "input_streams.json", tmp_path / "work"
+    argv = ["--multi30k-dir", multi30k_dir, "--pairs", "3000", "--work-dir", str(work),
+            "--vocabulary-size", "300", "--batch-tokens", "2048", "--seconds", "1",
+            "--warm-up", "2", "--repeats", "2", "--output", str(output)]  # fmt: skip
+    input_streams.main(argv)
+    result = read(output)
+    assert [len(result["runs"][s]) for s in ("1", "2")] == [2, 2]
+    assert result["batches_over_budget"] == 0 and result["speedup_over_one_stream"]["1"] == 1.0
+    rates = [r["target_tokens_per_second"] for r in result["runs"]["2"]]
+    assert result["target_tokens_per_second"]["2"] == round(sum(rates) / 2)  # the median of 2
+    assert result["one_stream_on_one_core"]["cores_busy"] <= 1.05
+    assert not work.exists()
 
 
 def test_corpus_scale_lines_are_two_multi30k_sentences(multi30k_dir, tmp_path):

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from pipelines.commands import data_service
+from pipelines.commands.data_service import start_server
 from pipelines.data import corpus, preparation, shards
 from pipelines.errors import ConfigError, DataError
 from pipelines.training import data
@@ -86,14 +88,14 @@ def test_workers_and_streams_share_every_corpus_evenly_and_a_resume_keeps_them(t
     assert failed.startswith("input_streams:")
 
 
-def test_a_data_service_on_loopback_gives_the_local_streams_batches(prepared):
-    service = tf.data.experimental.service
-    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
-    address = dispatcher.target.split("://")[1]
+def test_a_data_service_on_loopback_gives_the_local_streams_batches(prepared, capsys):
+    # The servers `kt data-service` starts: a dispatcher and two workers, in this process.
+    dispatcher = start_server("dispatcher")
     workers = [  # noqa: F841  (kept alive while the job runs)
-        service.WorkerServer(service.WorkerConfig(dispatcher_address=address, port=0))
-        for _ in range(2)
+        start_server("worker", dispatcher=dispatcher.target, host="localhost") for _ in range(2)
     ]
+    assert data_service.main(["worker", "--port", "0"]) == 2
+    assert "a worker needs --dispatcher HOST:PORT" in capsys.readouterr().err
     config, manifest, folder = prepared
     local = batches(config, manifest, folder, 12, 2, data_service=None)
     served = batches(config, manifest, folder, 12, 2, data_service=dispatcher.target)

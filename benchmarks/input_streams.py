@@ -8,13 +8,15 @@ run's training batches (`parallel.training_batches`: shards -> shuffled,
 length-bucketed batches of `--batch-tokens`, no model) for `--seconds`
 seconds after the shuffle buffers fill, counting real target tokens; its
 peak resident memory (`VmHWM`) and the CPU time it used are read as it
-ends, and every batch is checked against the token budget. Last, one stream
+ends, and every batch is checked against the token budget. Then one stream
 in a process pinned to one core: the rate a core gives when no hand-off
-between the stream's threads crosses cores.
+between the stream's threads crosses cores. With --service, last, the
+largest stream count on a local tf.data service (`kt data-service`), one
+worker process pinned to each core, read by an unpinned process.
 
 Usage:
     python benchmarks/input_streams.py --multi30k-dir ../shared/data/multi30k \\
-        --work-dir /tmp/input_streams --output benchmarks/results/input_streams.json
+        --work-dir /tmp/input_streams --service --output benchmarks/results/input_streams.json
 
 The work folder (about 0.2 GB at 500,000 pairs) is removed at the end
 unless --keep.
@@ -24,12 +26,14 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 from benchmarks.common import ROOT, machine, median, table, write_result  # noqa: E402
-from benchmarks.corpus_scale import build_corpus  # noqa: E402
+from benchmarks.corpus_scale import build_corpus, peak_kib  # noqa: E402
 
 READ_CODE = """
 import json, os, resource, sys, time
@@ -40,7 +44,8 @@ import tensorflow as tf
 from pipelines.data import shards
 from pipelines.training.loading import load_config
 from pipelines.training.parallel import training_batches
-config = load_config(config_file={config!r}, settings={{"input_streams": {streams}}})
+config = load_config(config_file={config!r}, settings={{"input_streams": {streams},
+                                                       "data_service": {service!r}}})
 folder = {folder!r}
 dataset = training_batches(config, shards.read_manifest(folder), folder, 0, 1, {batch_tokens})
 iterator = iter(dataset)
@@ -86,13 +91,16 @@ def prepare(files, out_dir, streams, vocabulary_size):
     return path, os.path.join(out_dir, "data", "train")
 
 
-def read_rate(config_path, folder, streams, batch_tokens, seconds, warm_up, pinned=False):
+def read_rate(
+    config_path, folder, streams, batch_tokens, seconds, warm_up, pinned=False, service=None
+):
     """One process reading `streams` streams: its rate, batches, budget breaches and peak MiB.
 
-    `pinned`: the process runs on one core only.
+    `pinned`: the process runs on one core only; `service`: the streams run on that
+    tf.data service's workers.
     """
     code = READ_CODE.format(
-        root=ROOT, config=config_path, folder=folder, streams=streams,
+        root=ROOT, config=config_path, folder=folder, streams=streams, service=service,
         batch_tokens=batch_tokens, seconds=seconds, warm_up=warm_up, pinned=pinned,
     )  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -100,6 +108,47 @@ def read_rate(config_path, folder, streams, batch_tokens, seconds, warm_up, pinn
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def free_port():
+    with socket.socket() as handle:
+        handle.bind(("localhost", 0))
+        return handle.getsockname()[1]
+
+
+def service_rate(config_path, folder, streams, batch_tokens, seconds, warm_up):
+    """`streams` streams on a local tf.data service, one `kt data-service` worker a core.
+
+    Each worker process is pinned to a core of its own, so its stream's threads never hand
+    batches across cores; the reading process is not pinned. Returns `read_rate`'s dict
+    with the workers' peak MiB.
+    """
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    kt = [sys.executable, "-m", "pipelines", "data-service"]
+    port = free_port()
+    servers = [subprocess.Popen([*kt, "dispatcher", "--port", str(port)], cwd=ROOT, env=env)]
+    cores = sorted(os.sched_getaffinity(0))
+    for index in range(streams):
+        core = cores[index % len(cores)]
+        worker = [*kt, "worker", "--dispatcher", f"localhost:{port}", "--port",
+                  str(free_port()), "--host", "localhost"]  # fmt: skip
+        servers.append(
+            subprocess.Popen(
+                worker, cwd=ROOT, env=env, preexec_fn=lambda c=core: os.sched_setaffinity(0, {c})
+            )
+        )
+    try:
+        time.sleep(15)  # the servers import TensorFlow and register
+        run = read_rate(
+            config_path, folder, streams, batch_tokens, seconds, warm_up,
+            service=f"grpc://localhost:{port}",
+        )  # fmt: skip
+        run["worker_peak_mib"] = [peak_kib(server.pid) / 1024 for server in servers[1:]]
+        return run
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
 
 
 def parse_args(argv=None):
@@ -113,6 +162,9 @@ def parse_args(argv=None):
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warm-up", type=int, default=40, help="batches read before timing")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--service", action="store_true", help="also the streams on a local tf.data service"
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--output", default=None)
     return parser.parse_args(argv)
@@ -137,6 +189,12 @@ def main(argv=None):
     # batches across cores.
     pinned = read_rate(config_path, folder, 1, args.batch_tokens, args.seconds, args.warm_up, True)
     print(f"1 stream on one core: {json.dumps(pinned)}", flush=True)
+    served = None
+    if args.service:
+        served = service_rate(
+            config_path, folder, max(args.streams), args.batch_tokens, args.seconds, args.warm_up
+        )
+        print(f"{max(args.streams)} streams on a local service: {json.dumps(served)}", flush=True)
     cores = os.cpu_count()
     one = min(args.streams)
     rates = {
@@ -157,6 +215,12 @@ def main(argv=None):
         "target_tokens_per_second_per_core": {str(s): round(rates[s] / cores) for s in rates},
         "batches_over_budget": sum(r["over_budget"] for runs in measured.values() for r in runs),
         "one_stream_on_one_core": pinned,
+        "service": served
+        and {
+            **served,
+            "streams": max(args.streams),
+            "over_one_stream": round(served["target_tokens_per_second"] / rates[one], 3),
+        },
     }
     if args.output:
         write_result(result, args.output)

@@ -235,6 +235,7 @@ def run_config(arguments, config, output_dir):
             "model.preset": None,
             "vocabulary_size": arguments["vocabulary_size"],
             "max_length": config["max_position_embeddings"],
+            "target_vocabulary": True,  # sentencepiece.target.model, even where shared
             "output_dir": output_dir,
         }
     )

@@ -116,6 +116,11 @@ class BatchingConfig:
     whole_source_words: int = setting(
         0, "the N most frequent training source words are one piece each (0: none)", low=0
     )
+    target_vocabulary: bool = setting(
+        False,
+        "targets have their own SentencePiece model, sentencepiece.target.model (an imported "
+        "model's; --init-from sets it)",
+    )
 
 
 @dataclasses.dataclass

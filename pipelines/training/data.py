@@ -307,7 +307,7 @@ def _prepare_data(config, out_dir, workers):
         train_vocabulary(config, _sample_pairs(train_dir), spm_path)
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
         os.remove(os.path.join(train_dir, "sample.txt"))
-    target = target_vocabulary_path(spm_path)
+    target = _checked_target_vocabulary(config, spm_path)
     identity = {
         **plan["identity"],
         "vocabulary": _file_sha256(spm_path),
@@ -328,6 +328,23 @@ def _prepare_data(config, out_dir, workers):
     # What the other workers wait for: both manifests are complete.
     write_json(os.path.join(data_dir, chief.READY), {"validation": validation is not None})
     return train, validation, (validation_pairs, test_pairs)
+
+
+def _checked_target_vocabulary(config, spm_path):
+    """The targets' SentencePiece file, as the run's config says it has one (or not).
+
+    Raises:
+        DataError: the file beside `spm_path` says otherwise.
+    """
+    target = target_vocabulary_path(spm_path)
+    if (target != spm_path) != config.batching.target_vocabulary:
+        found = "holds" if target != spm_path else "lacks"
+        raise DataError(
+            f"{os.path.dirname(spm_path)} {found} sentencepiece.target.model, and the run's "
+            f"target_vocabulary is {str(config.batching.target_vocabulary).lower()}: restore the "
+            "run's vocabulary files, or train into a new output_dir"
+        )
+    return target
 
 
 def _prepare_heldout(pairs, folder, plan):

@@ -197,6 +197,10 @@ def apply_source(config, given):
         )
     arguments = source_arguments(source.model)
     _check_vocabulary(source, arguments["vocabulary_size"])
+    # Recorded in the run's config, so its data is checked against it rather than inferred.
+    config.batching.target_vocabulary = target_vocabulary_path(source.vocabulary) != (
+        source.vocabulary
+    )
     asked = {}
     if "preset" in given and config.model.preset:
         asked.update(PRESETS[config.model.preset])

@@ -508,12 +508,12 @@ def test_corpus_scale_smoke(multi30k_dir, tmp_path):
     assert not work.exists()  # the corpora and runs are removed
 
 
-@pytest.mark.slow  # five processes, one a stream count and a pinned one
+@pytest.mark.slow  # eight processes: one a stream count, a pinned one, a service of three
 def test_input_streams_smoke(multi30k_dir, tmp_path):
     output, work = tmp_path / "input_streams.json", tmp_path / "work"
     argv = ["--multi30k-dir", multi30k_dir, "--pairs", "3000", "--work-dir", str(work),
             "--vocabulary-size", "300", "--batch-tokens", "2048", "--seconds", "1",
-            "--warm-up", "2", "--repeats", "2", "--output", str(output)]  # fmt: skip
+            "--warm-up", "2", "--repeats", "2", "--service", "--output", str(output)]  # fmt: skip
     input_streams.main(argv)
     result = read(output)
     assert [len(result["runs"][s]) for s in ("1", "2")] == [2, 2]
@@ -521,6 +521,9 @@ def test_input_streams_smoke(multi30k_dir, tmp_path):
     rates = [r["target_tokens_per_second"] for r in result["runs"]["2"]]
     assert result["target_tokens_per_second"]["2"] == round(sum(rates) / 2)  # the median of 2
     assert result["one_stream_on_one_core"]["cores_busy"] <= 1.05
+    served = result["service"]  # two pinned `kt data-service` workers, read from a third process
+    assert served["streams"] == 2 and served["over_budget"] == 0 and served["batches"] > 0
+    assert len(served["worker_peak_mib"]) == 2 and min(served["worker_peak_mib"]) > 0
     assert not work.exists()
 
 

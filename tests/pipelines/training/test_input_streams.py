@@ -139,3 +139,20 @@ def test_a_manifest_of_another_format_is_refused(prepared, tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "format": 0}))
     with pytest.raises(DataError, match="prepared in format 0, and this version reads format 1"):
         shards.read_manifest(str(tmp_path))
+
+
+def test_a_target_vocabulary_is_the_configs_not_the_folders(tmp_path):
+    out = tmp_path / "run"
+    config = load_config(settings={"output_dir": str(out), "input_streams": 1, **SMALL})
+    shared, _, _ = data.prepare_data(config, str(out))
+    assert shared["identity"]["target_vocabulary"] is None
+    # A target model appearing beside the run's vocabulary does not change its data silently.
+    (out / "sentencepiece.target.model").write_bytes((out / "sentencepiece.model").read_bytes())
+    with pytest.raises(DataError, match="holds sentencepiece.target.model, and the run's target"):
+        data.prepare_data(config, str(out))
+    config.batching.target_vocabulary = True  # as --init-from an imported model sets it
+    separate, _, _ = data.prepare_data(config, str(out))
+    assert separate["identity"]["target_vocabulary"] == separate["identity"]["vocabulary"]
+    (out / "sentencepiece.target.model").unlink()
+    with pytest.raises(DataError, match="lacks sentencepiece.target.model"):
+        data.prepare_data(config, str(out))

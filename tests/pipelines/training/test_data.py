@@ -93,15 +93,15 @@ def test_any_failure_of_the_chief_reaches_the_workers(tmp_path, monkeypatch):
 @pytest.mark.slow  # the chief is a process of its own, killed; the worker waits out the silence
 def test_a_chief_killed_while_it_prepares_ends_the_waiting_worker_within_a_minute(tmp_path):
     out = tmp_path / "run"
-    chief = f"""
-from pipelines.training import chief, data
+    script = f"""
+from pipelines.training import data
 from pipelines.training.loading import load_config
 config = load_config(settings={{"output_dir": {str(out)!r},
                                "default_corpus_sizes": [400000, 20, 20]}})
 data.prepare_data(config, {str(out)!r}, workers=2)
 """
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    process = subprocess.Popen([sys.executable, "-c", chief], env=env, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
     beat = out / "data" / chief.ALIVE
     deadline = time.monotonic() + 120
     while not beat.exists() and process.poll() is None and time.monotonic() < deadline:

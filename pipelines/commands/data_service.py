@@ -49,9 +49,12 @@ def start_server(role, port=0, dispatcher=None, host=None):
 
 
 def _serve(args):
+    if args.port is None:
+        args.port = 5050 if args.role == "dispatcher" else 5051
     server = start_server(args.role, args.port, args.dispatcher, args.host)
     if args.role == "dispatcher":
-        print(f"Dispatcher at {server.target}: pass --data-service {server.target}", flush=True)
+        address = f"grpc://{args.host or socket.gethostname()}:{args.port}"
+        print(f"Dispatcher on port {args.port}: pass --data-service {address}", flush=True)
     else:
         print(f"Worker on port {args.port} of {args.dispatcher}", flush=True)
     server.join()
@@ -60,9 +63,11 @@ def _serve(args):
 def main(argv=None, prog="kt data-service"):
     parser = command_parser(prog, __doc__.splitlines()[0])
     parser.add_argument("role", choices=("dispatcher", "worker"))
-    parser.add_argument("--port", type=int, default=5050, help="the port to serve on")
+    parser.add_argument(
+        "--port", type=int, help="the port to serve on (default: 5050 a dispatcher, 5051 a worker)"
+    )
     parser.add_argument("--dispatcher", help="a worker's dispatcher, HOST:PORT")
-    parser.add_argument("--host", help="a worker's name for trainers (default: this host's)")
+    parser.add_argument("--host", help="the name trainers reach it by (default: its host name)")
     return run(_serve, parser.parse_args(argv))
 
 

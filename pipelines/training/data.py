@@ -114,12 +114,13 @@ def _plan(config, corpora, folder, workers, spm_path):
         os.remove(path)  # the vocabulary was removed after its sample: sample again
     if os.path.exists(path):
         plan = read_json(path)
-        if plan["identity"] != identity:
-            differing = [k for k in identity if plan["identity"].get(k) != identity[k]]
+        differing = [k for k in identity if not _same(k, plan["identity"].get(k), identity[k])]
+        if differing:
             data_dir = os.path.dirname(folder)
             raise DataError(
                 f"{data_dir} holds data prepared from other data or settings "
-                f"({', '.join(differing)}): train into a new output_dir"
+                f"({', '.join(differing)}{_changed_files(plan['identity'], identity)}): "
+                "train into a new output_dir"
             )
         return _replanned(plan, path, workers, config.batching.input_streams)
     found = scan.scan(corpora, batching.vocabulary_sample, seed)
@@ -143,6 +144,37 @@ def _plan(config, corpora, folder, workers, spm_path):
     }
     write_json(path, plan)
     return plan
+
+
+def _same(key, recorded, current):
+    """Whether a plan's identity entry is the current one's.
+
+    A corpus file is compared on what the plan recorded of it: a plan of an
+    earlier version holds only its path and size, and still resumes.
+    """
+    if key != "corpora" or not isinstance(recorded, list) or len(recorded) != len(current):
+        return recorded == current
+    for old, new in zip(recorded, current, strict=True):
+        if "files" in old and "files" in new and len(old["files"]) == len(new["files"]):
+            if any(
+                any(f.get(name) != g.get(name) for name in f)
+                for f, g in zip(old["files"], new["files"], strict=True)
+            ):
+                return False
+        elif old != new:
+            return False
+    return True
+
+
+def _changed_files(recorded, current):
+    """`: PATH (what changed)` for each corpus file that differs from the plan's."""
+    changes = []
+    for old, new in zip(recorded.get("corpora", []), current["corpora"], strict=False):
+        for f, g in zip(old.get("files", []), new.get("files", []), strict=False):
+            names = [name for name in f if f.get(name) != g.get(name)]
+            if names:
+                changes.append(f"{g['path']}: {', '.join(names)} changed")
+    return f"; {'; '.join(changes)}" if changes else ""
 
 
 def default_input_streams():
@@ -308,12 +340,9 @@ def _prepare_data(config, out_dir, workers):
     if os.path.exists(os.path.join(train_dir, "sample.txt")):
         os.remove(os.path.join(train_dir, "sample.txt"))
     target = _checked_target_vocabulary(config, spm_path)
-    identity = {
-        **plan["identity"],
-        "vocabulary": _file_sha256(spm_path),
-        # One a side (an imported model's) or shared: the shards' targets differ.
-        "target_vocabulary": _file_sha256(target) if target != spm_path else None,
-    }
+    identity = {**plan["identity"], "vocabulary": _file_sha256(spm_path)}
+    if target != spm_path:  # one a side (an imported model's): the shards' targets differ
+        identity["target_vocabulary"] = _file_sha256(target)
     sizes = [tokenizer.vocabulary_size(path) for path in (spm_path, target)]
     dtype = shards.record_dtype(max(sizes))
     ids = tokenizer.special_ids(spm_path)  # the examples' start, end and padding ids

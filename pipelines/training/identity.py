@@ -43,6 +43,9 @@ RESUMABLE = (
 # The settings of the training stream: a change restarts the data order (see above).
 # The input streams and the data service change the order, never an update's tokens.
 STREAM = ("batch_tokens", "accumulation_steps", "input_streams", "data_service")
+# Settings an earlier version did not record, set from the run's files rather than given:
+# a recorded run without them is compared on the rest (its data checks them).
+INFERRED = ("target_vocabulary",)
 # Settings that name files or folders: compared as absolute paths.
 PATHS = (
     "multi30k_dir",
@@ -77,6 +80,8 @@ def differing_settings(recorded, config):
     differing = []
     for item in SETTINGS.values():
         if item.name in RESUMABLE or item.name in STREAM:
+            continue
+        if item.name in INFERRED and item.name not in recorded.get(item.group, {}):
             continue
         old = recorded.get(item.group, {}).get(item.name, item.default)
         new = getattr(getattr(config, item.group), item.name)

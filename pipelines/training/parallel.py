@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import uuid
 from types import SimpleNamespace
 
 import tensorflow as tf
@@ -142,21 +143,23 @@ def _on_service(part, config, name):
 
     One split (the dataset of one element that the stream hangs from) goes
     to one service worker, which produces the whole stream; the job's name
-    holds the run's folder, the seed and the stream, so a run's consumers
-    never share a job with another run's, and a resume (a new seed) starts
-    a new job.
+    holds the run's folder, this attempt and the stream, so a run's
+    consumers never share a job with another run's or an earlier attempt's.
     """
     service = tf.data.experimental.service
     address = config.batching.data_service
     if not address.startswith("grpc://"):
         address = f"grpc://{address}"
     run = hashlib.sha256(os.path.abspath(config.output.output_dir).encode()).hexdigest()[:12]
+    # A job of its own each time the run starts: a name a killed attempt used would
+    # join its job, mid-stream, while the dispatcher still holds it.
+    attempt = uuid.uuid4().hex[:8]
     hanging = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).flat_map(lambda _: part)
     return hanging.apply(
         service.distribute(
             processing_mode=service.ShardingPolicy.DYNAMIC,
             service=address,
-            job_name=f"kt-{run}-{name}",
+            job_name=f"kt-{run}-{attempt}-{name}",
         )
     )
 

@@ -145,7 +145,7 @@ def test_a_target_vocabulary_is_the_configs_not_the_folders(tmp_path):
     out = tmp_path / "run"
     config = load_config(settings={"output_dir": str(out), "input_streams": 1, **SMALL})
     shared, _, _ = data.prepare_data(config, str(out))
-    assert shared["identity"]["target_vocabulary"] is None
+    assert "target_vocabulary" not in shared["identity"]  # as a run of an earlier version
     # A target model appearing beside the run's vocabulary does not change its data silently.
     (out / "sentencepiece.target.model").write_bytes((out / "sentencepiece.model").read_bytes())
     with pytest.raises(DataError, match="holds sentencepiece.target.model, and the run's target"):
@@ -156,3 +156,27 @@ def test_a_target_vocabulary_is_the_configs_not_the_folders(tmp_path):
     (out / "sentencepiece.target.model").unlink()
     with pytest.raises(DataError, match="lacks sentencepiece.target.model"):
         data.prepare_data(config, str(out))
+
+
+def test_a_plan_of_an_earlier_version_resumes_and_a_changed_file_is_named(tmp_path):
+    source, target = tmp_path / "a.en", tmp_path / "a.de"
+    source.write_text("".join(f"w{i} x{i % 97} y{i % 31}\n" for i in range(700)))
+    target.write_text("".join(f"v{i} z{i % 89} q{i % 29}\n" for i in range(700)))
+
+    def config(out):
+        return load_config(settings={"output_dir": str(out), "input_streams": 1,
+                                     "corpus": "files", "train_files": [str(source), str(target)],
+                                     **SMALL, "vocabulary_size": 24})  # fmt: skip
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    data.prepare_data(config(old), str(old))
+    data.prepare_data(config(new), str(new))
+    plan_path = old / "data" / "train" / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    for entry in plan["identity"]["corpora"][0]["files"]:  # as an earlier version wrote it
+        del entry["modified_ns"], entry["sampled_sha256"]
+    plan_path.write_text(json.dumps(plan))
+    os.utime(source, ns=(0, source.stat().st_mtime_ns + 10**9))
+    data.prepare_data(config(old), str(old))  # what it recorded (path, size) still holds
+    with pytest.raises(DataError, match=f"{source}: modified_ns changed"):
+        data.prepare_data(config(new), str(new))

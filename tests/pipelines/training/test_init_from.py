@@ -76,6 +76,14 @@ def test_a_rerun_may_change_only_the_resumable_settings(source):
     assert differing_settings(recorded, config) == []
     config.batching.shuffle_buffer = 7
     assert differing_settings(recorded, config) == [("batching.shuffle_buffer", 100_000, 7)]
+    config.batching.shuffle_buffer = 100_000
+    # target_vocabulary, which --init-from sets from the source's files: an older run that
+    # did not record it is not refused for it (its data check compares it with the folder).
+    config.batching.target_vocabulary = True
+    del recorded["batching"]["target_vocabulary"]
+    assert differing_settings(recorded, config) == []
+    recorded["batching"]["target_vocabulary"] = False
+    assert differing_settings(recorded, config) == [("batching.target_vocabulary", False, True)]
 
 
 def test_the_architecture_comes_from_the_source(source, tmp_path, capsys):

@@ -114,7 +114,8 @@ def _plan(config, corpora, folder, workers, spm_path):
         os.remove(path)  # the vocabulary was removed after its sample: sample again
     if os.path.exists(path):
         plan = read_json(path)
-        differing = [k for k in identity if not _same(k, plan["identity"].get(k), identity[k])]
+        comparable = _as_recorded(plan["identity"], identity)
+        differing = [k for k in identity if plan["identity"].get(k) != comparable[k]]
         if differing:
             data_dir = os.path.dirname(folder)
             raise DataError(
@@ -146,24 +147,21 @@ def _plan(config, corpora, folder, workers, spm_path):
     return plan
 
 
-def _same(key, recorded, current):
-    """Whether a plan's identity entry is the current one's.
+def _as_recorded(recorded, identity):
+    """`identity` with each corpus file reduced to what the plan's `recorded` identity holds of it.
 
-    A corpus file is compared on what the plan recorded of it: a plan of an
-    earlier version holds only its path and size, and still resumes.
+    A plan of an earlier version holds a file's path and size only, and still resumes.
     """
-    if key != "corpora" or not isinstance(recorded, list) or len(recorded) != len(current):
-        return recorded == current
-    for old, new in zip(recorded, current, strict=True):
-        if "files" in old and "files" in new and len(old["files"]) == len(new["files"]):
-            if any(
-                any(f.get(name) != g.get(name) for name in f)
-                for f, g in zip(old["files"], new["files"], strict=True)
-            ):
-                return False
-        elif old != new:
-            return False
-    return True
+    corpora = []
+    for index, entry in enumerate(identity["corpora"]):
+        old = recorded.get("corpora") or []
+        old_files = old[index].get("files", []) if index < len(old) else []
+        files = entry.get("files")
+        if files and len(old_files) == len(files):
+            pairs = zip(old_files, files, strict=True)
+            entry = {**entry, "files": [{name: f.get(name) for name in o} for o, f in pairs]}
+        corpora.append(entry)
+    return {**identity, "corpora": corpora}
 
 
 def _changed_files(recorded, current):

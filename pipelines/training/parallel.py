@@ -109,17 +109,17 @@ def training_batches(
     streams = config.batching.input_streams or 1
     parts = []
     for stream in range(streams):
+        stream_seed = _stream_seed(seed, stream)
         examples = shards.read_examples(
-            manifest, folder, True, _stream_seed(seed, stream), pipeline * streams + stream,
-            pipelines * streams,
-        )  # fmt: skip
+            manifest, folder, True, stream_seed, pipeline * streams + stream, pipelines * streams
+        )
         part = batching.batch_examples(
             examples,
             max(batch_tokens, config.batching.max_length),
             config.batching.max_length,
             shuffle=True,
             repeat=True,
-            seed=_stream_seed(seed, stream),
+            seed=stream_seed,
             shuffle_buffer=max(config.batching.shuffle_buffer // streams, 1),
             cache=False,
             pad_id=shards.special_ids(manifest)["pad_id"],

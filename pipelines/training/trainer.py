@@ -274,8 +274,13 @@ class TimeBudget(keras.callbacks.Callback):
     A step that ends past the training
     time (`minutes - reserve_minutes`) ends the plan there, mid-epoch, so a
     sudden slowdown costs at most one step and the epoch's validation. The
-    plan is written to `plan_path`; a resumed run keeps it (shrinking it only
-    if its own budget runs out first). As training ends, the plan also
+    plan is written to `plan_path` with `minutes`; a resumed run keeps it
+    (shrinking it only if its own budget runs out first). A finished run
+    (its plan done) given more `minutes` than its plan records trains on
+    for the difference: the rate rises back to eq. (3)'s, a new plan is
+    made at the first epoch's end and the rate falls to 0 again by its end
+    (from where it stands, where the plain fall would have begun already).
+    As training ends, the plan also
     records its clock (seconds since `started`, in this process) at the end
     of the last epoch, its validation and checkpoint included
     (`trained_seconds`; also the attribute of that name): the time the
@@ -309,6 +314,7 @@ class TimeBudget(keras.callbacks.Callback):
         progbar=None,
     ):
         super().__init__()
+        self.minutes = minutes
         self.seconds = 60.0 * minutes
         self.reserve = 60.0 * reserve_minutes
         self.started = started
@@ -321,6 +327,7 @@ class TimeBudget(keras.callbacks.Callback):
         self.clock = clock
         self.progbar = progbar
         self.trained_seconds = None
+        self.extended_from = None
         self._durations = []
 
     def _step(self):
@@ -336,19 +343,42 @@ class TimeBudget(keras.callbacks.Callback):
         if self.started is None:
             self.started = self.clock()
         self._last = self.clock()
-        if self.plan_path and self._step() > 0 and os.path.exists(self.plan_path):
+        step = self._step()
+        if self.plan_path and step > 0 and os.path.exists(self.plan_path):
             with open(self.plan_path, encoding="utf-8") as handle:
                 plan = json.load(handle)
+            granted = plan.get("minutes")
+            if step >= plan["total_steps"] and granted is not None and self.minutes > granted:
+                self._extend(step, granted)
+                return
             self._set_plan(plan["total_steps"], plan.get("cooldown_from"))
             self.resumed = True
             logger.info("Resuming the time budget's plan of %d steps", self.total_steps)
+            if step >= self.total_steps:
+                self.model.stop_training = True  # done: not one step more
+
+    def _extend(self, step, granted):
+        """Goes on from a finished plan for the minutes beyond the `granted` ones."""
+        self.seconds = 60.0 * (self.minutes - granted)
+        self.extended_from = step
+        if self.schedule is not None:
+            self.schedule.set_total_steps(0)  # no plan: eq. (3) until the first one
+        logger.info(
+            "Time budget: the finished run of %d steps goes on for %.1f more minutes (%.1f in all)",
+            step,
+            self.minutes - granted,
+            self.minutes,
+        )
 
     def _set_plan(self, total_steps, cooldown_from=None):
         """Plans `total_steps`; `cooldown_from` restores a resumed plan's fall."""
         if self.schedule is not None:
+            step = self._step()
             if cooldown_from is None and self._cooling():  # the fall goes on from here
-                step = self._step()
                 cooldown_from = (step, self.schedule.multiplier(step))
+            elif cooldown_from is None and self.extended_from is not None:
+                if total_steps - self.schedule.cooldown * total_steps < step:
+                    cooldown_from = (step, 1.0)  # an extension's fall, without a jump
             self.schedule.set_total_steps(total_steps, cooldown_from)
         self.total_steps = total_steps
         if self.progbar is not None:  # "Epoch 3/37", not the step cap's count
@@ -380,6 +410,7 @@ class TimeBudget(keras.callbacks.Callback):
         if self.plan_path:
             fall = self.schedule.cooldown_from if self.schedule is not None else None
             plan = {"total_steps": total_steps, "step_seconds": step_seconds}
+            plan["minutes"] = self.minutes
             write_json(self.plan_path, {**plan, "cooldown_from": fall})
 
     def on_epoch_end(self, epoch, logs=None):

@@ -317,6 +317,45 @@ def test_a_resumed_plan_keeps_its_replanned_fall(tmp_path):
     np.testing.assert_allclose(multipliers, 0.5 * (40 - np.arange(15, 41)) / 20, rtol=1e-6)
 
 
+def test_a_finished_budgeted_run_given_more_minutes_goes_on_and_falls_to_zero_again(tmp_path):
+    # 3 minutes at 6 s a step: 30 steps, the rate 0 at the end.
+    clock, trainer, schedule, plan, budget = planned_run(6.0, tmp_path)
+    optimizer = trainer.optimizer
+    fit_by_the_clock(trainer, budget, lambda batch, logs: clock.tick(), steps_per_epoch=4)
+    finished = int(optimizer.iterations.numpy())
+    assert finished == 30 and json.loads(plan.read_text())["minutes"] == 3.0
+    assert float(optimizer.learning_rate) == 0.0
+
+    def rerun(minutes):
+        clock.now = 1000.0  # a new process's clock
+        rates = []
+
+        def tick(batch, logs):
+            clock.tick()
+            rates.append(float(optimizer.learning_rate))
+
+        again = TimeBudget(minutes, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
+        fit_by_the_clock(trainer, again, tick, steps_per_epoch=4)
+        return again, rates
+
+    # The same budget again: the run is done, nothing more is trained.
+    same, _ = rerun(3.0)
+    assert same.resumed and int(optimizer.iterations.numpy()) == finished
+    # Two minutes more: 20 more steps, the rate back up, then down to 0 by the new end.
+    more, rates = rerun(5.0)
+    steps = int(optimizer.iterations.numpy())
+    assert more.extended_from == finished and steps - finished == 20
+    assert rates[0] > 0 and rates[-1] == 0.0
+    paper = kt.TransformerSchedule(16, 2)
+    assert rates[0] == pytest.approx(float(paper(finished + 1)), rel=1e-5)  # eq. (3)'s own
+    assert np.all(np.diff(rates) <= 0)  # the first epoch ends at step 32: a fall from there
+    saved = json.loads(plan.read_text())
+    assert saved["total_steps"] == steps and saved["minutes"] == 5.0
+    # Rerun with the same 5 minutes: done again.
+    rerun(5.0)
+    assert int(optimizer.iterations.numpy()) == steps
+
+
 def test_a_step_past_the_deadline_ends_the_plan_mid_epoch(tmp_path):
     # 3 minutes; steps take 6 s, then 30 s from the 11th on, inside an epoch
     # of 8 steps, before the plan can be revised at its end.

@@ -193,7 +193,7 @@ class TrainingLoop:
         Returns:
             `keras.callbacks.History` of per-epoch logs: `loss`, `accuracy`,
             `learning_rate`, `tokens_per_second`, `gradient_norm` (the last
-            update's, where the trainer measures it), `val_*`.
+            measured update's, where the trainer measures it), `val_*`.
         """
         steps_per_epoch = steps_per_epoch or steps
         epochs = math.ceil(steps / steps_per_epoch)
@@ -209,7 +209,7 @@ class TrainingLoop:
         self.model.stop_training = False
         stream = self._stream(dataset)
         step = self._restore(backup, stream, callbacks, steps)
-        logs = {}
+        logs, norm = {}, None
         for epoch in range(step // steps_per_epoch, epochs):
             if self.model.stop_training:  # restored: early stopping had ended the run
                 break
@@ -227,8 +227,10 @@ class TrainingLoop:
                     "learning_rate": self.learning_rate(),
                     "tokens_per_second": sums[1] / (time.perf_counter() - started),
                 }
-                if totals[3] >= 0:  # the last update's, where measured
-                    logs["gradient_norm"] = float(totals[3])
+                if totals[3] >= 0:  # the last measured update's
+                    norm = float(totals[3])
+                if norm is not None:
+                    logs["gradient_norm"] = norm
                 callbacks.on_train_batch_end(batch, logs)
                 # An epoch's last step is backed up after its validation and callbacks.
                 if batch + 1 < last and _backup_due(backup, step, logs):

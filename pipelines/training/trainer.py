@@ -34,6 +34,10 @@ from pipelines.training.streams import TensorStream
 
 logger = logging.getLogger(__name__)
 
+# With several replicas the gradient's norm is measured on this process's first step and
+# every NORM_EVERY steps (TensorBoard's `update_freq` in `kt train`).
+NORM_EVERY = 50
+
 
 def _correct_tokens(labels, logits, pad_id):
     predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
@@ -109,6 +113,8 @@ class Trainer(TrainingLoop):
                 )
         self._accumulate_function = tf.function(self._accumulate_on_iterator)
         self._apply_function = tf.function(self._apply_on_iterator)
+        self._apply_measured = tf.function(lambda iterator: self._apply_on_iterator(iterator, True))
+        self._steps_taken = 0
         self._replica_gradients = tf.function(
             self._gradients, jit_compile=jit_compile, reduce_retracing=True
         )
@@ -136,7 +142,7 @@ class Trainer(TrainingLoop):
             accumulator.assign_add(gradient)
         self._accumulated.assign_add(sums)
 
-    def _apply_replica(self, batch):
+    def _apply_replica(self, batch, measure=False):
         gradients, sums = self._replica_gradients(batch)
         if self._accumulators:
             gradients = [g + a for g, a in zip(gradients, self._accumulators, strict=True)]
@@ -148,10 +154,16 @@ class Trainer(TrainingLoop):
         totals = context.all_reduce(tf.distribute.ReduceOp.SUM, sums)  # (3,) global sums
         scale = 1.0 / tf.maximum(totals[1], 1.0)
         gradients = [g * scale for g in gradients]
-        # The update's gradient norm, where this replica holds the whole gradient (the
-        # optimizer sums the replicas' inside its update); -1: not measured.
+        # The update's gradient norm; -1: not measured. With several replicas the
+        # optimizer sums their gradients inside its update: measuring sums them here
+        # first (one more all-reduce), and hands the optimizer a replica's share.
         norm = tf.constant(-1.0)
-        if self.strategy.num_replicas_in_sync == 1:
+        replicas = self.strategy.num_replicas_in_sync
+        if measure and replicas > 1:
+            gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+            norm = tf.linalg.global_norm(gradients) / self.optimizer.scale_loss(1.0)
+            gradients = [g / replicas for g in gradients]
+        elif replicas == 1:
             norm = tf.linalg.global_norm(gradients) / self.optimizer.scale_loss(1.0)
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
         return tf.concat([totals, [norm]], axis=0)
@@ -196,8 +208,9 @@ class Trainer(TrainingLoop):
     def _accumulate_on_iterator(self, iterator):
         self.strategy.run(self._accumulate_replica, args=(self._replica_batch(iterator),))
 
-    def _apply_on_iterator(self, iterator):
-        totals = self.strategy.run(self._apply_replica, args=(self._replica_batch(iterator),))
+    def _apply_on_iterator(self, iterator, measure=False):
+        batch = self._replica_batch(iterator)
+        totals = self.strategy.run(self._apply_replica, args=(batch, measure))
         # Every replica holds the same all-reduced totals.
         return self.strategy.experimental_local_results(totals)[0]
 
@@ -213,10 +226,16 @@ class Trainer(TrainingLoop):
         Returns:
             float32 `(4,)`: summed loss, real tokens and correct tokens of the
             global batch, and the norm of the update's gradient (of the
-            token-mean loss; -1 where replicas hold parts of it).
+            token-mean loss). With several replicas it costs one more
+            all-reduce, so it is measured on this process's first step and
+            every `NORM_EVERY` steps, -1 between.
         """
         for _ in range(self.accumulation_steps - 1):
             self._accumulate_function(stream.iterator)
+        self._steps_taken += 1
+        measure = self._steps_taken == 1 or self._steps_taken % NORM_EVERY == 0
+        if measure and self.strategy.num_replicas_in_sync > 1:
+            return self._apply_measured(stream.iterator)
         return self._apply_function(stream.iterator)
 
     def evaluate(self, dataset, steps=None):

@@ -225,19 +225,46 @@ def test_long_run_settings_that_cannot_work_are_refused_before_any_work(
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
+def sgd_step(strategy, steps=1):
+    """`(history, moved)`: SGD(0.5) steps of a seeded tiny model on the first batch, repeated."""
     keras.utils.set_random_seed(3)
-    with ONE.scope():
-        model = kt.Transformer(30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2)
+    with strategy.scope():
+        model = kt.Transformer(
+            30, num_layers=1, hidden_dim=16, intermediate_dim=32, num_heads=2, dropout=0.0
+        )
         model.build(((None, None), (None, None)))
         optimizer = keras.optimizers.SGD(0.5)
-    trainer = Trainer(model, optimizer, ONE)
+    trainer = Trainer(model, optimizer, strategy)
     before = model.get_weights()
-    history = trainer.fit(batches(1), steps=1, verbose=0)
+    history = trainer.fit(batches(1), steps=steps, steps_per_epoch=1, verbose=0)
     moved = [(a - b).ravel() for a, b in zip(model.get_weights(), before, strict=True)]
-    expected = np.linalg.norm(np.concatenate(moved)) / 0.5  # SGD's step is rate times gradient
+    return history, np.concatenate(moved)
+
+
+def test_the_logged_gradient_norm_is_the_norm_of_the_update_sgd_took():
+    history, moved = sgd_step(ONE)
+    expected = np.linalg.norm(moved) / 0.5  # SGD's step is rate times gradient
     assert history.history["gradient_norm"][0] == pytest.approx(expected, rel=1e-4)
     assert history.history["learning_rate"][0] == pytest.approx(0.5)
+
+
+@pytest.mark.skipif(len(tf.config.list_logical_devices("CPU")) < 2, reason="needs 2 CPU devices")
+def test_the_gradient_norm_under_two_replicas_is_the_summed_gradients_and_the_update_the_same():
+    from pipelines.training.parallel import make_strategy
+
+    mirrored = make_strategy()[0]
+    assert mirrored.num_replicas_in_sync == 2
+    one_history, one_moved = sgd_step(ONE)
+    history, moved = sgd_step(mirrored, steps=2)
+    # The first step is measured: the norm of the whole batch's gradient, one device's.
+    norms = history.history["gradient_norm"]
+    assert norms[0] == pytest.approx(one_history.history["gradient_norm"][0], rel=1e-4)
+    # The second is not (-1 inside), so its epoch carries the first's.
+    assert norms[1] == norms[0]
+    # Measuring handed the optimizer a replica's share: the first update is one device's.
+    _, first_moved = sgd_step(mirrored)
+    np.testing.assert_allclose(first_moved, one_moved, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(moved, first_moved)  # the second step moved on
 
 
 def test_import_and_average_into_a_run_folder_in_use_are_refused(tmp_path, capsys):

@@ -162,10 +162,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def train_on_two_workers(out, *flags, timeout=600):
-    """Runs the train command as two local workers; returns their two logs."""
+def two_worker_environments():
+    """The environments of two local MultiWorkerMirroredStrategy workers, on free ports."""
     workers = [f"127.0.0.1:{free_port()}" for _ in range(2)]
-    environments = [
+    return [
         {
             **os.environ,
             "TF_CONFIG": json.dumps(
@@ -175,6 +175,11 @@ def train_on_two_workers(out, *flags, timeout=600):
         }
         for index in range(2)
     ]
+
+
+def train_on_two_workers(out, *flags, timeout=600):
+    """Runs the train command as two local workers; returns their two logs."""
+    environments = two_worker_environments()
     command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *TINY, *flags]
     return run_together(command, ROOT, environments, timeout)
 
@@ -220,6 +225,46 @@ def test_two_workers_with_a_time_budget_stop_at_the_same_step(tmp_path):
     ]
     assert plans == [results[0]["steps"]] * 2 and results[0]["steps"] >= 10
     assert results[0]["final_learning_rate"] == results[1]["final_learning_rate"] == 0.0
+
+
+@pytest.mark.slow
+def test_two_workers_killed_late_resume_on_the_batches_they_would_have_read(tmp_path):
+    from pipelines.training.backup import backup_folders
+
+    # About 60 batches a pass over two workers: the kill comes after step 80, in the second.
+    flags = ["--steps", "100", "--steps-per-epoch", "100", "--backup-every", "5",
+             "--average-last", "1", "--set", "heldout_split=none"]  # fmt: skip
+    train_on_two_workers(tmp_path / "whole", *flags)
+    out = tmp_path / "run"
+    environments = two_worker_environments()
+    command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(out), *TINY, *flags]
+    processes = [
+        subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for env in environments
+    ]
+    backups = [d / "backup" for d in worker_outputs(out)]
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        steps = [backup_folders(str(d))[-1][0] if d.exists() and backup_folders(str(d)) else 0
+                 for d in backups]  # fmt: skip
+        if min(steps) >= 80:
+            break
+        time.sleep(0.2)
+    for process in processes:  # both at once, the way a lost job ends
+        process.kill()
+        process.wait()
+    assert min(steps) >= 80 and not (out / "result.json").exists(), steps
+    logs = train_on_two_workers(out, *flags)
+    results = assert_same_weights_and_steps(out)
+    resumed_at = {r["resumed_at_step"] for r in results}  # the newest step both hold
+    assert len(resumed_at) == 1 and min(steps) <= resumed_at.pop() < 100
+    assert all("Skipping" not in log for log in logs)  # positions restored, nothing re-read
+    whole = keras.saving.load_model(tmp_path / "whole" / "model.keras")
+    resumed = keras.saving.load_model(out / "model.keras")
+    for expected, actual in zip(whole.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_a_run_with_a_budget_trains_inside_it_to_the_end_of_its_schedule(tmp_path, capsys):

@@ -15,8 +15,9 @@ them kept. It runs twice, one after the other:
            has backed up step `--early`, rerun, killed again after step
            `--late`, rerun to the end.
 
-It reports the time from each resumed process's start to its first trained
-step (the target: a late resume within 1.2x of an early one), the bytes the
+`--resume-only` leaves the uninterrupted run out (a late resume's cost
+alone, in half the time). It reports the time from each resumed
+process's start to its first trained step (the target: a late resume within 1.2x of an early one), the bytes the
 run folder holds at its end against the weights' bytes, validation's share
 of training time, and whether the killed run ended on the uninterrupted
 run's weights (then it trained on the same batches, with the same dropout).
@@ -122,8 +123,10 @@ def resume_study(args):
         name: os.path.join(args.output_dir, f"{name}.log") for name in ("first", "early", "late")
     }
     if not args.measure_only:
-        # A process of its own, as the killed run's are (a caller's devices do not leak in).
-        run_to_end([sys.executable, "-m", "pipelines", "train", "--output-dir", whole_dir, *flags])
+        if not args.resume_only:
+            # A process of its own, as the killed run's are (a caller's devices do not leak in).
+            whole_run = [sys.executable, "-m", "pipelines", "train", "--output-dir", whole_dir]
+            run_to_end([*whole_run, *flags])
         child = [sys.executable, "-m", "pipelines", "train", "--output-dir", killed_dir, *flags]
         kill_after(child, killed_dir, args.early, logs["first"])
         # Resumes from the early backup, killed once it backed up the late step.
@@ -131,16 +134,18 @@ def resume_study(args):
         resumed = run_to_end(child)  # resumes from the late backup, to the end
         with open(logs["late"], "w", encoding="utf-8") as handle:
             handle.write(resumed.stderr)
-    whole = json.load(open(os.path.join(whole_dir, "result.json"), encoding="utf-8"))
+    whole_path = os.path.join(whole_dir, "result.json")
+    whole = None if args.resume_only else json.load(open(whole_path, encoding="utf-8"))
     killed = json.load(open(os.path.join(killed_dir, "result.json"), encoding="utf-8"))
     early = first_step(open(logs["early"], encoding="utf-8").read())
     # The late resume's start-up, as its result says (and its log, where kept).
     late = (killed["resumed_at_step"] + 1, killed["seconds_to_first_step"])
     late_log = open(logs["late"], encoding="utf-8").read() if os.path.exists(logs["late"]) else ""
-    whole_seconds = whole["seconds"]
-
-    weights, whole_model = weights_bytes(os.path.join(whole_dir, "model.keras"))
-    _, killed_model = weights_bytes(os.path.join(killed_dir, "model.keras"))
+    weights, killed_model = weights_bytes(os.path.join(killed_dir, "model.keras"))
+    difference = None
+    if whole is not None:
+        _, whole_model = weights_bytes(os.path.join(whole_dir, "model.keras"))
+        difference = same_weights(whole_model, killed_model)
     checkpoints = os.path.join(killed_dir, "checkpoints")
     epoch_files = [f for f in os.listdir(checkpoints) if f.startswith("epoch-")]
     epoch_bytes = [os.path.getsize(os.path.join(checkpoints, f)) for f in epoch_files]
@@ -154,7 +159,7 @@ def resume_study(args):
             "validation_sentences": args.validation_sentences,
             "epochs": args.steps // args.validate_every,
         },
-        "whole_run_seconds": round(whole_seconds, 1),
+        "whole_run_seconds": whole and round(whole["seconds"], 1),
         "resume": {
             # The first step after a resume at step n is step n + 1.
             "early_step": early[0] - 1,
@@ -162,10 +167,10 @@ def resume_study(args):
             "early_seconds_to_first_step": early[1],
             "late_seconds_to_first_step": late[1],
             "late_over_early": round(late[1] / early[1], 3),
-            "fresh_run_seconds_to_first_step": whole["seconds_to_first_step"],
+            "fresh_run_seconds_to_first_step": whole and whole["seconds_to_first_step"],
             "resumed_at_step": killed["resumed_at_step"],
             "backed_up_before_kills": [early[0] - 1, late[0] - 1],
-            "max_weight_difference_to_uninterrupted": same_weights(whole_model, killed_model),
+            "max_weight_difference_to_uninterrupted": difference,
             "skipped_batches": "Skipping" in late_log or "Skipping" in open(logs["early"]).read(),
         },
         "disk": {
@@ -178,7 +183,8 @@ def resume_study(args):
             "run_bytes_without_data": run_bytes,
             "run_over_weights": round(run_bytes / weights, 2),
         },
-        "validation": {
+        "validation": whole
+        and {
             "seconds": whole["validation_seconds"],
             "training_seconds": whole["training_seconds"],
             "share": round(whole["validation_seconds"] / whole["training_seconds"], 4),
@@ -231,6 +237,11 @@ def main(argv=None):
     parser.add_argument("--recipe-sentences", type=int, default=500)
     parser.add_argument("--output", default=os.path.join(RESULTS, "long_run.json"))
     parser.add_argument(
+        "--resume-only",
+        action="store_true",
+        help="the killed run alone: no uninterrupted run to compare weights and costs with",
+    )
+    parser.add_argument(
         "--measure-only",
         action="store_true",
         help="report from the runs already in --output-dir (train and kill nothing)",
@@ -254,7 +265,7 @@ def main(argv=None):
             ["epoch checkpoints kept", disk["epoch_checkpoints_kept"]],
             ["epoch checkpoint / weights", disk["epoch_checkpoint_over_weights"]],
             ["run folder / weights", disk["run_over_weights"]],
-            ["validation share", result["validation"]["share"]],
+            ["validation share", (result["validation"] or {}).get("share")],
         ],
     ))  # fmt: skip
     return 0

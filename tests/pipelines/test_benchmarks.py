@@ -564,3 +564,10 @@ def test_long_run_smoke(tmp_path):
     assert disk["epoch_checkpoints_kept"] == 3 and "best.keras" in disk["checkpoint_files"]
     assert 1.0 < disk["epoch_checkpoint_over_weights"] < 2.0  # no optimizer state
     assert 0 < result["validation"]["share"] < 1
+    # The killed run alone, reported from the same runs: nothing compared with the whole one.
+    alone = tmp_path / "alone.json"
+    assert long_run.main([*argv[:-1], str(alone), "--resume-only", "--measure-only"]) == 0
+    alone = read(alone)
+    assert alone["resume"]["late_over_early"] == resume["late_over_early"]
+    assert alone["resume"]["max_weight_difference_to_uninterrupted"] is None
+    assert alone["validation"] is None and alone["whole_run_seconds"] is None

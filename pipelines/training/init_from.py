@@ -10,6 +10,7 @@ backup, which `RunBackup` restores over those weights.
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import zipfile
@@ -21,8 +22,11 @@ from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ConfigError
 from pipelines.files import atomic_output
 from pipelines.parsing.corpus import tags_path
-from pipelines.training.config import SETTINGS
+from pipelines.training.config import SETTINGS, DecodingConfig
 from pipelines.training.loading import flatten
+from pipelines.training.recorded import run_settings
+
+logger = logging.getLogger(__name__)
 
 # Model settings that shape the weights: the source's, and a new value is refused.
 ARCHITECTURE = (
@@ -42,6 +46,18 @@ ARCHITECTURE = (
 )
 # Model settings a fine-tuning run may set; the source's where it does not.
 REGULARIZATION = ("dropout", "attention_dropout", "activation_dropout")
+# Settings of the source run's config.json a run started from it keeps, unless given: the
+# shape of its data (lengths, batches, subword sampling, whole tokens) and its search.
+KEPT = (
+    "max_length",
+    "batch_tokens",
+    "subword_sampling",
+    "subword_copies",
+    "shuffle_buffer",
+    "whole_target_tokens",
+    "whole_source_words",
+    *(field.name for field in dataclasses.fields(DecodingConfig)),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +189,9 @@ def apply_source(config, given):
     """Sets the source model's architecture on `config`, refusing a contradicting setting.
 
     The architecture settings and the vocabulary size become the source's;
-    dropouts too, unless given. `preset` is cleared (the architecture is
-    spelled out).
+    dropouts too, unless given, and the `KEPT` settings its run folder's
+    config.json records (none for a `.keras` file outside a run folder).
+    `preset` is cleared (the architecture is spelled out).
 
     Args:
         config: a `TrainConfig` with `model.init_from` set.
@@ -224,6 +241,17 @@ def apply_source(config, given):
         if name not in given or name in ARCHITECTURE:
             setattr(config.model, name, arguments[name])
     config.batching.vocabulary_size = arguments["vocabulary_size"]
+    kept = run_settings(os.path.dirname(os.path.abspath(source.vocabulary)), KEPT)
+    for name, value in kept.items():
+        if name not in given:
+            setattr(getattr(config, SETTINGS[name].group), name, value)
+    if kept:
+        logger.info(
+            "init_from: the source run's %s",
+            ", ".join(
+                f"{name} {json.dumps(value)}" for name, value in kept.items() if name not in given
+            ),
+        )
     return source
 
 

@@ -9,7 +9,7 @@ import json
 import os
 
 from pipelines.errors import ConfigError
-from pipelines.training.config import DecodingConfig, check_limits, coerce
+from pipelines.training.config import SETTINGS, DecodingConfig, check_limits, coerce
 
 
 def _run_config(run_dir):
@@ -36,6 +36,32 @@ def _group(run_dir, name):
     if not isinstance(group, (dict, type(None))):
         raise ConfigError(f"{os.path.join(run_dir, 'config.json')}: {name} is not an object")
     return group or {}
+
+
+def run_settings(run_dir, names):
+    """The settings among `names` that RUN_DIR/config.json records, checked.
+
+    Args:
+        run_dir: str, a training output folder (one without config.json records none).
+        names: iterable of setting names (`SETTINGS`' keys).
+
+    Returns:
+        dict of name to value, only for the names the file records.
+
+    Raises:
+        ConfigError: config.json is not a run's, or records a value of the
+            wrong type or out of range (naming the file, setting and value).
+    """
+    found = {}
+    for name in names:
+        group = _group(run_dir, SETTINGS[name].group)
+        if name in group:
+            try:
+                found[name] = coerce(name, group[name])
+                check_limits(name, found[name])
+            except ConfigError as error:
+                raise ConfigError(f"{os.path.join(run_dir, 'config.json')}: {error}") from None
+    return found
 
 
 def run_max_length(run_dir):

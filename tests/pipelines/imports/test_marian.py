@@ -200,6 +200,9 @@ def test_an_imported_model_fine_tunes_from_its_weights_and_vocabularies(imported
     # The training data was written with the imported model's ids: its </s> ends the sources.
     manifest = json.loads((out / "data" / "train" / "manifest.json").read_text())
     assert manifest["special_ids"] == {"pad_id": tuned.pad_id, "bos_id": tuned.pad_id, "eos_id": 0}
+    # The source's length limit, not the default 128.
+    recorded = json.loads((out / "config.json").read_text())["batching"]["max_length"]
+    assert recorded == imported["model"].config.max_position_embeddings == 256
 
 
 def write_config(folder, **changes):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import sys
 
 import keras
@@ -103,6 +104,38 @@ def test_the_architecture_comes_from_the_source(source, tmp_path, capsys):
     assert "batching.vocabulary_size=300 where it has 200" in err
     err = refused(capsys, *out, "--preset", "transformer_base")
     assert "model.num_layers=6 where it has 1" in err
+
+
+def test_a_run_keeps_the_source_runs_data_and_search_settings_unless_given(
+    source, tmp_path, capsys
+):
+    run = tmp_path / "source"  # the source run, as if trained with other settings
+    run.mkdir()
+    for name in ("model.keras", "sentencepiece.model"):
+        shutil.copyfile(source / name, run / name)
+    recorded = json.loads((source / "config.json").read_text())
+    recorded["batching"].update(max_length=60, batch_tokens=700, subword_sampling=0.1)
+    recorded["decoding"].update(alpha=0.3, beam_size=2)
+    (run / "config.json").write_text(json.dumps(recorded))
+    out = ["--output-dir", str(tmp_path / "run"), "--init-from", str(run)]
+    config = printed_config(capsys, *out, "--batch-tokens", "900")
+    batching, decoding = config["batching"], config["decoding"]
+    assert batching["max_length"] == 60 and batching["subword_sampling"] == 0.1
+    assert batching["batch_tokens"] == 900  # given: the run's own
+    assert decoding["alpha"] == 0.3 and decoding["beam_size"] == 2
+    # A named recipe's batching gives way to the source's too (only given settings win).
+    assert printed_config(capsys, *out, "--recipe", "default")["batching"]["batch_tokens"] == 700
+    # A .keras file outside a run folder records no settings: the recipe's.
+    (tmp_path / "alone").mkdir()
+    for name in ("model.keras", "sentencepiece.model"):
+        shutil.copyfile(source / name, tmp_path / "alone" / name)
+    alone = ["--output-dir", str(tmp_path / "run"), "--init-from", str(tmp_path / "alone")]
+    assert printed_config(capsys, *alone)["batching"]["max_length"] == 128
+    # A recorded value out of range is refused, naming the file and the setting.
+    recorded["batching"]["max_length"] = 1
+    (run / "config.json").write_text(json.dumps(recorded))
+    err = refused(capsys, *out)
+    assert str(run / "config.json") in err and "max_length" in err
 
 
 def test_a_source_that_cannot_be_used_is_refused(source, tmp_path, capsys):

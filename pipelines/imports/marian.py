@@ -106,21 +106,43 @@ def locate(source, cache_dir=None):
     return folder
 
 
+def read_object(path):
+    """The JSON object in the file `path`.
+
+    Raises:
+        DataError: naming the file, where it cannot be read or holds no JSON object.
+    """
+    try:
+        value = read_json(path)
+    except (OSError, ValueError) as error:  # JSONDecodeError and UnicodeDecodeError included
+        raise DataError(f"{path}: not a readable JSON file ({error})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def read_config(folder):
     """`config.json` of a Marian model folder, `MarianConfig`'s defaults filled in.
 
     Raises:
-        DataError: the folder is not a Marian model's.
+        DataError: the folder is not a Marian model's, or a size or id in its
+            config.json is not a whole number (naming the field and value).
     """
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise DataError(f"{folder}: no config.json, not a model folder in the Hugging Face layout")
-    config = read_json(path)
+    config = read_object(path)
     if config.get("model_type") != "marian":
         raise DataError(
             f"{path}: model_type {config.get('model_type')!r}, not a Marian model ('marian')"
         )
-    return {**MARIAN_DEFAULTS, **config}
+    config = {**MARIAN_DEFAULTS, **config}
+    for name, default in MARIAN_DEFAULTS.items():
+        value = config[name]
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if isinstance(default, int) and not isinstance(default, bool) and not whole:
+            raise DataError(f"{path}: {name} is {json.dumps(value)}, not a whole number")
+    return config
 
 
 def model_arguments(config, vocabulary_sizes):
@@ -195,14 +217,22 @@ def read_vocabularies(folder, config):
         DataError: a file is missing, or an id does not fit the model.
     """
     path = os.path.join(folder, "tokenizer_config.json")
-    separate = os.path.isfile(path) and read_json(path).get("separate_vocabs", False)
+    separate = os.path.isfile(path) and read_object(path).get("separate_vocabs", False)
     names = ("vocab.json", "target_vocab.json" if separate else "vocab.json")
     vocabularies = []
     for name in names:
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             raise DataError(f"{folder}: no {name}, not a Marian model folder")
-        vocabularies.append(read_json(path))
+        vocabulary = read_object(path)
+        wrong = [
+            (piece, index)
+            for piece, index in vocabulary.items()
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0
+        ]
+        if wrong or not vocabulary:
+            raise DataError(f"{path}: not a vocabulary of pieces to ids (such as {wrong[:2]})")
+        vocabularies.append(vocabulary)
     shared = config["share_encoder_decoder_embeddings"]
     # `MarianConfig` reads a missing decoder_vocab_size as vocab_size.
     target_size = config["vocab_size"] if shared else config["decoder_vocab_size"]

@@ -16,13 +16,18 @@ def read_weights(folder):
     """The state dict of `model.safetensors` (or `pytorch_model.bin`, with torch), as NumPy.
 
     Raises:
-        DataError: neither file is there, or reading needs what is not installed.
+        DataError: neither file is there or readable, or reading needs what
+            is not installed.
     """
     path = os.path.join(folder, "model.safetensors")
     if os.path.isfile(path):
         from safetensors.numpy import load_file
 
-        return {name: np.asarray(value, np.float32) for name, value in load_file(path).items()}
+        try:
+            tensors = load_file(path)
+        except Exception as error:  # safetensors raises its own error types and OSError
+            raise DataError(f"{path}: not a readable safetensors file ({error})") from None
+        return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
     path = os.path.join(folder, "pytorch_model.bin")
     if not os.path.isfile(path):
         raise DataError(f"{folder}: no model.safetensors or pytorch_model.bin")
@@ -30,7 +35,10 @@ def read_weights(folder):
         import torch
     except ImportError:
         raise DataError(f"{path}: reading a PyTorch file needs torch (pip install torch)") from None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling and zip errors of many kinds
+        raise DataError(f"{path}: not a readable PyTorch state dict ({error})") from None
     return {name: value.float().numpy() for name, value in state.items()}
 
 
@@ -39,6 +47,8 @@ class _Weights:
 
     def __init__(self, tensors, folder):
         self.tensors, self.folder = tensors, folder
+        stored = os.path.join(folder, "model.safetensors")
+        self.file = stored if os.path.isfile(stored) else os.path.join(folder, "pytorch_model.bin")
 
     def __call__(self, names, shape):
         names = [names] if isinstance(names, str) else names
@@ -47,11 +57,11 @@ class _Weights:
                 value = self.tensors[name]
                 if tuple(value.shape) != tuple(shape):
                     raise DataError(
-                        f"{self.folder}: {name} has shape {tuple(value.shape)}, the config "
-                        f"says {tuple(shape)}"
+                        f"{self.file}: {name} has shape {tuple(value.shape)}, "
+                        f"{os.path.join(self.folder, 'config.json')}'s sizes make {tuple(shape)}"
                     )
                 return value
-        raise DataError(f"{self.folder}: the weights have no {names[0]}")
+        raise DataError(f"{self.file}: the weights have no {names[0]}")
 
 
 def _set_attention(attention, prefix, weights, hidden_dim, num_heads):

@@ -29,15 +29,22 @@ def merged_vocabulary(spm_path, vocabulary, size, special_ids):
         bytes, a SentencePiece model file.
 
     Raises:
-        DataError: `spm_path` makes a piece the vocabulary lacks (the two
-            would segment differently).
+        DataError: `spm_path` is not a SentencePiece model, or makes a piece
+            the vocabulary lacks (the two would segment differently).
     """
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
     pieces = model_pb2.ModelProto.SentencePiece
+    from google.protobuf.message import DecodeError
+
     proto = model_pb2.ModelProto()
-    with open(spm_path, "rb") as handle:
-        proto.ParseFromString(handle.read())
+    try:
+        with open(spm_path, "rb") as handle:
+            proto.ParseFromString(handle.read())
+    except (OSError, DecodeError) as error:
+        raise DataError(f"{spm_path}: not a SentencePiece model ({error})") from None
+    if not proto.pieces:
+        raise DataError(f"{spm_path}: not a SentencePiece model (no pieces)")
     usable = (pieces.NORMAL, pieces.USER_DEFINED, pieces.BYTE)
     known = {p.piece: p for p in proto.pieces if p.type in usable}
     missing = [piece for piece in known if piece not in vocabulary]

@@ -238,6 +238,38 @@ def test_what_cannot_be_imported_is_refused_with_one_line(imported, tmp_path, ca
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("config.json", b'{"model_type": "marian",', "config.json: not a readable JSON file"),
+        ("config.json", b"[1, 2]", "config.json: holds a JSON list, not an object"),
+        ("config.json", b'{"model_type": "marian", "d_model": "512"}', 'd_model is "512"'),
+        ("vocab.json", b"\xff\xfe{}", "vocab.json: not a readable JSON file"),
+        ("vocab.json", b'{"<unk>": "one"}', "vocab.json: not a vocabulary of pieces to ids"),
+        ("source.spm", b"not a model at all", "source.spm: not a SentencePiece model"),
+        ("model.safetensors", b"\x00" * 64, "model.safetensors: not a readable safetensors"),
+        ("config.json", None, "fc1.weight has shape (64, 32),"),  # not the weights' sizes
+    ],
+)
+def test_a_malformed_model_folder_is_refused_naming_the_file_before_anything_is_written(
+    imported, tmp_path, capsys, name, data, message
+):
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for item in imported["folder"].iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    if data is None:  # sizes the stored weights do not have
+        write_config(folder, encoder_ffn_dim=48, decoder_ffn_dim=48)
+    else:
+        (folder / name).write_bytes(data)
+    out = tmp_path / "r"
+    status = import_model.main(["marian", str(folder), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err and "Traceback" not in err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["copy"]
+
+
 def import_model_error(source, tmp_path, capsys):
     assert import_model.main(["marian", str(source), "--output-dir", str(tmp_path / "r")]) == 2
     return capsys.readouterr().err

@@ -17,9 +17,10 @@ them kept. It runs twice, one after the other:
 
 `--resume-only` leaves the uninterrupted run out (a late resume's cost
 alone, in half the time). It reports the time from each resumed
-process's start to its first trained step (the target: a late resume within 1.2x of an early one), the bytes the
-run folder holds at its end against the weights' bytes, validation's share
-of training time, and whether the killed run ended on the uninterrupted
+process's start to its first trained step (the target: a late resume
+within 1.2x of an early one), the bytes the run folder holds at its end
+against the weights' bytes, validation's share of training time, and
+whether the killed run ended on the uninterrupted
 run's weights (then it trained on the same batches, with the same dropout).
 
 With `--multi30k-dir`, the multi30k recipe trains `--recipe-steps` steps

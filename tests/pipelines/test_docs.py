@@ -120,6 +120,39 @@ def test_the_figure_check_sees_a_disagreement(tmp_path):
     assert quoted_figures(page) == [("39.85", "multi30k-bleu-lowercased")]
 
 
+# A token rate and the word before it: "target tokens/s", "real tokens a second".
+RATE = re.compile(r"(\S+) tokens(?:/s| a second| per second)")
+RATE_UNITS = ("target", "source", "source + target")
+
+
+def unnamed_rates(text):
+    """The token rates in `text` whose tokens are not named target, source or source + target."""
+    return [
+        match.group(0)
+        for match in RATE.finditer(text)
+        if not any(text[: match.end(1)].endswith(unit) for unit in RATE_UNITS)
+    ]
+
+
+def test_every_token_rate_names_its_tokens():
+    pages = [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "benchmarks").rglob("*.md"),
+    ]
+    found = {
+        str(page.relative_to(ROOT)): unnamed_rates(page.read_text(encoding="utf-8"))
+        for page in pages
+    }
+    assert {name: rates for name, rates in found.items() if rates} == {}
+    # The check has teeth.
+    assert unnamed_rates("943,144 real tokens/s, 5,163 tokens a second") == [
+        "real tokens/s",
+        "5,163 tokens a second",
+    ]
+    assert unnamed_rates("361,589 target tokens/s; 2,167 source + target tokens/s") == []
+
+
 def shown_commands():
     """Every `kt ...` command line in the shell blocks of README.md and docs/."""
     found = []

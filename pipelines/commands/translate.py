@@ -21,7 +21,9 @@ are whitespace-separated, counted from 0; fast_align's format) (`align`).
 Prefixes and alignments use the export's beam size and length penalty.
 
 Decoding controls: `--no-repeat-ngram-size N`, `--repetition-penalty P`,
-`--min-length N`, `--max-length N` (pieces, the end included), `--disable-unk`
+`--min-length N`, `--max-output-length N` (pieces, the end included; the
+training setting `max_length` is another thing: the longest training pair;
+`--max-length` is still accepted), `--disable-unk`
 and `--banned-words FILE` (one word or phrase a line, never produced) cut each
 step's distribution (`controlled`), with the export's beam size and length
 penalty; they do not combine with `--beam-size`, `--alpha`, prefixes,
@@ -72,6 +74,8 @@ CONTROL_FLAGS = (
 
 
 def _flag(name):
+    if name == "max_length":  # the output's cap, not training's max_length
+        return "--max-output-length"
     return f"--{name.replace('_', '-')}"
 
 
@@ -134,19 +138,21 @@ def _check_settings(args):
 
 
 def _check_controls(args):
-    """Refuses decoding controls out of range (`--min-length` above `--max-length` too)."""
+    """Refuses decoding controls out of range (`--min-length` above `--max-output-length` too)."""
     for flag, value in (("--no-repeat-ngram-size", args.no_repeat_ngram_size),
                         ("--min-length", args.min_length)):  # fmt: skip
         if value is not None and value < 0:
             raise ConfigError(f"{flag} must be 0 (off) or positive. Received: {value}")
     if args.max_length is not None and args.max_length < 1:
-        raise ConfigError(f"--max-length must be positive. Received: {args.max_length}")
+        raise ConfigError(f"--max-output-length must be positive. Received: {args.max_length}")
     if args.repetition_penalty is not None and not 0 < args.repetition_penalty < float("inf"):
         raise ConfigError(
             f"--repetition-penalty must be positive and finite. Received: {args.repetition_penalty}"
         )
     if args.min_length and args.max_length and args.min_length > args.max_length:
-        raise ConfigError(f"--min-length {args.min_length} is above --max-length {args.max_length}")
+        raise ConfigError(
+            f"--min-length {args.min_length} is above --max-output-length {args.max_length}"
+        )
 
 
 def _banned_words(path):
@@ -411,7 +417,13 @@ def main(argv=None, prog="kt translate"):
         "--repetition-penalty", type=float, help="penalize tokens already produced (> 1)"
     )
     controls.add_argument("--min-length", type=int, help="the fewest pieces before the end")
-    controls.add_argument("--max-length", type=int, help="the most pieces, the end included")
+    controls.add_argument(
+        "--max-output-length",
+        "--max-length",  # its name before 0.3; training's max_length is another setting
+        dest="max_length",
+        type=int,
+        help="the most pieces of a translation, the end included (--max-length: the same)",
+    )
     controls.add_argument(
         "--disable-unk", action="store_const", const=True, help="never produce <unk>"
     )

@@ -371,8 +371,12 @@ def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch
         (["--repetition-penalty", "inf"],
          "--repetition-penalty must be positive and finite. Received: inf"),
         (["--min-length", "-2"], "--min-length must be 0 (off) or positive. Received: -2"),
-        (["--max-length", "0"], "--max-length must be positive. Received: 0"),
-        (["--min-length", "9", "--max-length", "4"], "--min-length 9 is above --max-length 4"),
+        (["--max-output-length", "0"], "--max-output-length must be positive. Received: 0"),
+        (["--min-length", "9", "--max-length", "4"],  # its earlier name still works
+         "--min-length 9 is above --max-output-length 4"),
+        (["--max-output-length", "5", "--beam-size", "2"],
+         "--max-output-length does not apply with --beam-size: decoding controls search with "
+         "the export's beam size and length penalty (kt export --beam-size, --alpha)"),
         (["--disable-unk", "--beam-size", "2"],
          "--disable-unk does not apply with --beam-size: decoding controls search with the "
          "export's beam size and length penalty (kt export --beam-size, --alpha)"),

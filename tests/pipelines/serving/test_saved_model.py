@@ -377,7 +377,7 @@ def test_translate_command_controls_are_the_controlled_signatures(exported, tmp_
     write_lines(tmp_path / "in.en", [line.encode() for line in inputs])
     (tmp_path / "banned.txt").write_text("March\n\n  4:08 PM  \n", encoding="utf-8")
     flags = ["--no-repeat-ngram-size", "2", "--repetition-penalty", "1.3", "--min-length", "2",
-             "--max-length", "20", "--disable-unk",
+             "--max-output-length", "20", "--disable-unk",
              "--banned-words", str(tmp_path / "banned.txt")]  # fmt: skip
     argv = ["--model", path, "--input", str(tmp_path / "in.en"), "--batch-size", "2", *flags]
     assert translate_command.main(argv) == 0

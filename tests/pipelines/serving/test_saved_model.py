@@ -749,3 +749,25 @@ def test_translate_command_samples_reproducibly(exported, served, tmp_path):
     other = sample("c.txt", "--sampling-temperature", "2", "--num-samples", "3", "--seed", "5")
     assert len(first) == 3 * len(INPUTS) and first == again and first != other
     assert len(set(first[:3])) == 3  # a line's samples differ from each other
+
+
+def test_the_grpc_requests_of_the_docs_fit_every_signature(exported):
+    """docs/tf-serving.md's requests: one per signature, each input in the signature's dtype."""
+    page = os.path.join(HERE, "..", "..", "..", "docs", "tf-serving.md")
+    text = open(page, encoding="utf-8").read()
+    block = text.split("<!-- grpc-requests -->\n```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(block, namespace)  # noqa: S102  the page's own code
+    requests = namespace["requests"]
+    signatures = tf.saved_model.load(exported[3]).signatures
+    assert set(requests) == set(signatures.keys())
+    for name, inputs in requests.items():
+        expected = signatures[name].structured_input_signature[1]
+        assert set(inputs) == set(expected), name
+        # As TF Serving does: each proto becomes a tensor of its dtype, fed by name.
+        tensors = {key: tf.constant(tf.make_ndarray(proto)) for key, proto in inputs.items()}
+        for key, tensor in tensors.items():
+            assert tensor.dtype == expected[key].dtype, (name, key)
+            assert expected[key].shape.is_compatible_with(tensor.shape), (name, key)
+        outputs = signatures[name](**tensors)
+        assert all(value.shape[0] == 2 for value in outputs.values()), name  # two sentences

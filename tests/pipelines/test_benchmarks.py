@@ -18,6 +18,7 @@ from benchmarks import (
     decoding_controls,
     decoding_ops,
     decoding_profile,
+    ema_vs_average,
     gpu_recipe_study,
     gpu_training,
     input_streams,
@@ -545,6 +546,28 @@ def test_corpus_scale_lines_are_two_multi30k_sentences(multi30k_dir, tmp_path):
             )
             for first in targets
         ), (source, target)
+
+
+@pytest.mark.slow
+def test_ema_vs_average_smoke(multi30k_dir, tmp_path):
+    import keras
+
+    output, run = tmp_path / "ema.json", tmp_path / "run"
+    argv = ["--multi30k-dir", multi30k_dir, "--output-dir", str(run), "--steps", "6",
+            "--ema", "0.5", "--set", "steps_per_epoch=2", "--set", "vocabulary_size=500",
+            "--set", "model.num_layers=1", "--set", "model.hidden_dim=16",
+            "--set", "model.intermediate_dim=32", "--set", "model.num_heads=2",
+            "--sentences", "12", "--output", str(output)]  # fmt: skip
+    assert ema_vs_average.main(argv) == 0
+    result = read(output)
+    assert result["steps"] == 6  # the second command trained nothing more
+    for name in ("average", "ema"):
+        assert set(result["bleu"][name]) == {"val", "test_2016_flickr"}
+    average, ema = (
+        keras.saving.load_model(run / "compared" / name / "model.keras").get_weights()
+        for name in ("average", "ema")
+    )
+    assert any(not np.allclose(a, b) for a, b in zip(average, ema, strict=True))
 
 
 @pytest.mark.slow

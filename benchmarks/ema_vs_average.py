@@ -105,8 +105,9 @@ def main(argv=None):
             "seconds": seconds,
             "bleu": scores,
             "lowercased_ema_minus_average": {
-                split: round(scores["ema"][split]["lowercased"]
-                             - scores["average"][split]["lowercased"], 2)
+                split: round(
+                    scores["ema"][split]["lowercased"] - scores["average"][split]["lowercased"], 2
+                )
                 for split in SPLITS
             },  # fmt: skip
         },

@@ -10,7 +10,7 @@ validating every `--validate-every` steps with a greedy decode of
 `--validation-sentences` sentences, one checkpoint an epoch, `--keep` of
 them kept. It runs twice, one after the other:
 
-  whole    uninterrupted (`kt train` in this process);
+  whole    uninterrupted (`kt train` in a process of its own);
   killed   the same command as a child process, killed (SIGKILL) once it
            has backed up step `--early`, rerun, killed again after step
            `--late`, rerun to the end.
@@ -236,7 +236,10 @@ def main(argv=None):
     parser.add_argument("--multi30k-dir", help="also cost validation on the multi30k recipe")
     parser.add_argument("--recipe-steps", type=int, default=200)
     parser.add_argument("--recipe-sentences", type=int, default=500)
-    parser.add_argument("--output", default=os.path.join(RESULTS, "long_run.json"))
+    parser.add_argument(
+        "--output",
+        help="default: results/long_run.json (--resume-only: results/long_run_resume.json)",
+    )
     parser.add_argument(
         "--resume-only",
         action="store_true",
@@ -248,6 +251,8 @@ def main(argv=None):
         help="report from the runs already in --output-dir (train and kill nothing)",
     )
     args = parser.parse_args(argv)
+    name = "long_run_resume.json" if args.resume_only else "long_run.json"
+    args.output = args.output or os.path.join(RESULTS, name)
     os.makedirs(args.output_dir, exist_ok=True)
     result = {"command": "python benchmarks/long_run.py " + " ".join(argv or sys.argv[1:])}
     result.update(resume_study(args))

@@ -138,10 +138,10 @@ def read_config(folder):
         )
     config = {**MARIAN_DEFAULTS, **config}
     for name, default in MARIAN_DEFAULTS.items():
-        value = config[name]
-        whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        value, least = config[name], 0 if name.endswith("_id") else 1  # an id may be 0
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= least
         if isinstance(default, int) and not isinstance(default, bool) and not whole:
-            raise DataError(f"{path}: {name} is {json.dumps(value)}, not a whole number")
+            raise DataError(f"{path}: {name} is {json.dumps(value)}, not a whole number >= {least}")
     return config
 
 
@@ -230,7 +230,9 @@ def read_vocabularies(folder, config):
             for piece, index in vocabulary.items()
             if not isinstance(index, int) or isinstance(index, bool) or index < 0
         ]
-        if wrong or not vocabulary:
+        if not vocabulary:
+            raise DataError(f"{path}: an empty vocabulary")
+        if wrong:
             raise DataError(f"{path}: not a vocabulary of pieces to ids (such as {wrong[:2]})")
         vocabularies.append(vocabulary)
     shared = config["share_encoder_decoder_embeddings"]

@@ -6,6 +6,8 @@ one SentencePiece model, the same mapping runs wherever ours do: in
 tensorflow-text inside the SavedModel, in tf.data, in CTranslate2's converter.
 """
 
+from google.protobuf.message import DecodeError
+
 from pipelines.errors import DataError
 
 
@@ -35,8 +37,6 @@ def merged_vocabulary(spm_path, vocabulary, size, special_ids):
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
     pieces = model_pb2.ModelProto.SentencePiece
-    from google.protobuf.message import DecodeError
-
     proto = model_pb2.ModelProto()
     try:
         with open(spm_path, "rb") as handle:

@@ -245,13 +245,9 @@ def apply_source(config, given):
     for name, value in kept.items():
         if name not in given:
             setattr(getattr(config, SETTINGS[name].group), name, value)
-    if kept:
-        logger.info(
-            "init_from: the source run's %s",
-            ", ".join(
-                f"{name} {json.dumps(value)}" for name, value in kept.items() if name not in given
-            ),
-        )
+    taken = [f"{name} {json.dumps(value)}" for name, value in kept.items() if name not in given]
+    if taken:
+        logger.info("init_from: the source run's %s", ", ".join(taken))
     return source
 
 

@@ -296,7 +296,7 @@ def jax_budget_clock(started, clock=time.perf_counter):
 
     With several JAX processes a reading is the longest any process has run
     since its `started` (gathered from all of them), so all take the same
-    budget decisions at the same steps (see `trainer.budget_clock`); one
+    budget decisions at the same steps (see `budget.budget_clock`); one
     process reads `clock` alone.
 
     Args:

@@ -16,9 +16,10 @@ import tensorflow as tf
 
 from pipelines.data import batching, shards
 from pipelines.errors import ConfigError
+from pipelines.training.budget import budget_clock
 from pipelines.training.process_batches import ProcessBatches
 from pipelines.training.streams import MappedStream, TensorStream, to_numpy
-from pipelines.training.trainer import Trainer, budget_clock
+from pipelines.training.trainer import Trainer
 
 # Length buckets spaced this far apart under JAX, where each bucket is one
 # batch shape and each shape one XLA compilation of the step (seconds each

@@ -16,6 +16,7 @@ from pipelines.errors import ConfigError
 from pipelines.files import atomic_output, run_folder_lock, write_json
 from pipelines.training import chief, data
 from pipelines.training.backup import RunBackup, backup_folders
+from pipelines.training.budget import TimeBudget
 from pipelines.training.callbacks import (
     BestCheckpoint,
     Checkpoints,
@@ -34,7 +35,7 @@ from pipelines.training.init_from import find_source, source_model_arguments
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.parallel import chief_by_environment, jax_parallel, tensorflow_parallel
 from pipelines.training.progress import ProgressLines
-from pipelines.training.trainer import TimeBudget
+from pipelines.training.trainer import NORM_EVERY
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _callbacks(config, out_dir, is_chief, clock, schedule, trainer):
     if is_chief:
         callbacks += [
             Checkpoints(folder, output.checkpoint_minutes, keep),
-            keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=50),
+            keras.callbacks.TensorBoard(os.path.join(out_dir, "logs"), update_freq=NORM_EVERY),
         ]
     if config.budget.max_minutes:
         progbar = keras.callbacks.ProgbarLogger() if is_chief and _terminal() else None

@@ -244,6 +244,8 @@ def test_what_cannot_be_imported_is_refused_with_one_line(imported, tmp_path, ca
         ("config.json", b'{"model_type": "marian",', "config.json: not a readable JSON file"),
         ("config.json", b"[1, 2]", "config.json: holds a JSON list, not an object"),
         ("config.json", b'{"model_type": "marian", "d_model": "512"}', 'd_model is "512"'),
+        ("config.json", b'{"model_type": "marian", "encoder_layers": 0}', "encoder_layers is 0,"),
+        ("vocab.json", b"{}", "vocab.json: an empty vocabulary"),
         ("vocab.json", b"\xff\xfe{}", "vocab.json: not a readable JSON file"),
         ("vocab.json", b'{"<unk>": "one"}', "vocab.json: not a vocabulary of pieces to ids"),
         ("source.spm", b"not a model at all", "source.spm: not a SentencePiece model"),

@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 
 import keras_transformer as kt
+from pipelines.training.budget import TimeBudget
 from pipelines.training.parallel import make_strategy
 from pipelines.training.streams import TensorStream
-from pipelines.training.trainer import TimeBudget, Trainer
+from pipelines.training.trainer import Trainer
 from tests.pipelines.conftest import two_cpus
 from tests.pipelines.training.shared import varied_examples
 from tests.test_case import split_batch, token_batch
@@ -326,7 +327,7 @@ def test_a_finished_budgeted_run_given_more_minutes_goes_on_and_falls_to_zero_ag
     assert finished == 30 and json.loads(plan.read_text())["minutes"] == 3.0
     assert float(optimizer.learning_rate) == 0.0
 
-    def rerun(minutes):
+    def rerun(minutes, max_steps=None):
         clock.now = 1000.0  # a new process's clock
         rates = []
 
@@ -334,21 +335,27 @@ def test_a_finished_budgeted_run_given_more_minutes_goes_on_and_falls_to_zero_ag
             clock.tick()
             rates.append(float(optimizer.learning_rate))
 
-        again = TimeBudget(minutes, clock(), 0.0, schedule, plan_path=str(plan), clock=clock)
+        again = TimeBudget(minutes, clock(), 0.0, schedule, max_steps=max_steps,
+                           plan_path=str(plan), clock=clock)  # fmt: skip
         fit_by_the_clock(trainer, again, tick, steps_per_epoch=4)
         return again, rates
 
     # The same budget again: the run is done, nothing more is trained.
     same, _ = rerun(3.0)
     assert same.resumed and int(optimizer.iterations.numpy()) == finished
+    # More minutes, but the run's step cap is reached: done too.
+    capped, _ = rerun(5.0, max_steps=finished)
+    assert capped.extended_from is None and int(optimizer.iterations.numpy()) == finished
     # Two minutes more: 20 more steps, the rate back up, then down to 0 by the new end.
     more, rates = rerun(5.0)
     steps = int(optimizer.iterations.numpy())
     assert more.extended_from == finished and steps - finished == 20
     assert rates[0] > 0 and rates[-1] == 0.0
     paper = kt.TransformerSchedule(16, 2)
-    assert rates[0] == pytest.approx(float(paper(finished + 1)), rel=1e-5)  # eq. (3)'s own
-    assert np.all(np.diff(rates) <= 0)  # the first epoch ends at step 32: a fall from there
+    # Planned at once (the plan's 6 s a step): the plain fall over the last half of 50
+    # steps would have begun at 25, so the rate falls from eq. (3)'s at 30 to 0 at 50.
+    assert rates[0] == pytest.approx(float(paper(finished + 1)) * 19 / 20, rel=1e-5)
+    assert np.all(np.diff(rates) <= 0)
     saved = json.loads(plan.read_text())
     assert saved["total_steps"] == steps and saved["minutes"] == 5.0
     # Rerun with the same 5 minutes: done again.

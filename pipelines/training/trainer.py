@@ -57,6 +57,7 @@ class Trainer(TrainingLoop):
             distinct batch shape).
 
     Example:
+    >>> import keras
     >>> import keras_transformer as kt
     >>> model = kt.Transformer(50, num_layers=1, hidden_dim=8, intermediate_dim=16, num_heads=2)
     >>> model.build(((None, None), (None, None)))

@@ -88,13 +88,6 @@ def run_decoding(run_dir):
         ConfigError: config.json is not a run's, or records a value of the
             wrong type or out of range (naming the file, setting and value).
     """
-    recorded = _group(run_dir, "decoding")
     settings = dataclasses.asdict(DecodingConfig())
-    for name in settings:
-        if name in recorded:
-            try:
-                settings[name] = coerce(name, recorded[name])
-                check_limits(name, settings[name])
-            except ConfigError as error:
-                raise ConfigError(f"{os.path.join(run_dir, 'config.json')}: {error}") from None
+    settings.update(run_settings(run_dir, settings))
     return settings

@@ -163,3 +163,34 @@ def export_run(run_dir, base_dir):
     model, max_length = load_run(run_dir)
     spm_path = os.path.join(run_dir, "sentencepiece.model")
     return saved_model.export(saved_model.Translator(model, spm_path, max_length), base_dir)
+
+
+def stage_environment():
+    """The environment of the `kt` stages a recipe benchmark runs (`run_stage`).
+
+    TensorFlow, quiet, with this process's oneDNN setting (set on import above).
+    """
+    return {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def set_flags(values):
+    """`--set` flags for a list of `key=value` items: ["--set", item, ...]."""
+    return [flag for value in values for flag in ("--set", value)]
+
+
+def write_multi30k_split(multi30k_dir, split, folder, sentences=None):
+    """Writes the first `sentences` lines of a Multi30k split as plain `en` and `de` files.
+
+    Returns:
+        `(source_path, reference_path, lines_written)`.
+    """
+    from pipelines.data.corpus import read_lines
+
+    paths = []
+    for language in ("en", "de"):
+        path = os.path.join(folder, f"{split}.{language}")
+        lines = read_lines(os.path.join(multi30k_dir, f"{split}.{language}.gz"))[:sentences]
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.writelines(f"{line}\n" for line in lines)
+        paths.append(path)
+    return paths[0], paths[1], len(lines)

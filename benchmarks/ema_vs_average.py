@@ -28,9 +28,15 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, table, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    set_flags,
+    stage_environment,
+    table,
+    write_multi30k_split,
+    write_result,
+)
 from pipelines.commands.stages import export_translate_score, run_stage  # noqa: E402
-from pipelines.data.corpus import read_lines  # noqa: E402
 
 SPLITS = ("val", "test_2016_flickr")
 
@@ -44,18 +50,6 @@ def model_folder(run, name):
     return folder
 
 
-def split_files(multi30k, folder, split, sentences):
-    """`(source, reference)`: the first `sentences` lines of a split, as plain text files."""
-    paths = []
-    for language in ("en", "de"):
-        path = os.path.join(folder, f"{split}.{language}")
-        lines = read_lines(os.path.join(multi30k, f"{split}.{language}.gz"))[:sentences]
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.writelines(f"{line}\n" for line in lines)
-        paths.append(path)
-    return paths
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--multi30k-dir", required=True)
@@ -67,14 +61,12 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "ema_vs_average.json"))
     args = parser.parse_args(argv)
 
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env = stage_environment()
     run = os.path.abspath(args.output_dir)
     multi30k = os.path.abspath(args.multi30k_dir)
-    overrides = [item for value in args.set for item in ("--set", value)]
     train = ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run,
              "--steps", str(args.steps), "--max-minutes", "null", "--ema", str(args.ema),
-             *overrides]  # fmt: skip
+             *set_flags(args.set)]  # fmt: skip
     seconds = {"training": run_stage("Train the multi30k recipe with a moving average", "train",
                                      [*train, "--select", "average"], env)}  # fmt: skip
     folders = {"average": model_folder(run, "average")}
@@ -88,7 +80,7 @@ def main(argv=None):
     os.makedirs(data, exist_ok=True)
     scores = {name: {} for name in folders}
     for split in SPLITS:
-        source, reference = split_files(multi30k, data, split, args.sentences)
+        source, reference, _ = write_multi30k_split(multi30k, split, data, args.sentences)
         for name, folder in folders.items():
             _, scored = export_translate_score(
                 folder, os.path.join(folder, "saved_models", name), source, reference,

@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, table, write_result  # noqa: E402
+from benchmarks.common import RESULTS, set_flags, table, write_result  # noqa: E402
 
 
 def write_pairs(folder, name, pairs):
@@ -92,12 +92,11 @@ def main(argv=None):
         # characters (the apostrophe of 1'234.5), which a vocabulary trained on
         # German alone maps to <unk> (docs/start-from-a-model.md).
         rare = default_corpus([sizes[0] // 20, 0, 0], "de_CH", 2)["train"]
-        overrides = [item for value in args.set for item in ("--set", value)]
         german_validation = write_pairs(data, "val-de", corpora["de"]["validation"])
         train(["--output-dir", source, "--corpus", "files", "--train-files", *german,
                *write_pairs(data, "train-de_CH-rare", rare), "--train-weights", "19", "1",
                "--validation-files", *german_validation, "--heldout-split", "none",
-               *overrides])  # fmt: skip
+               *set_flags(args.set)])  # fmt: skip
     recorded = json.loads(open(os.path.join(source, "config.json"), encoding="utf-8").read())
     common = ["--init-from", source, "--corpus", "files", "--validation-files", *validation,
               "--steps", str(args.steps), "--heldout-split", "none",

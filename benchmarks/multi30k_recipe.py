@@ -23,9 +23,14 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    set_flags,
+    stage_environment,
+    write_multi30k_split,
+    write_result,
+)
 from pipelines.commands.stages import export_translate_score, run_stage  # noqa: E402
-from pipelines.data.corpus import read_lines  # noqa: E402
 
 
 def main(argv=None):
@@ -41,18 +46,14 @@ def main(argv=None):
     parser.add_argument("--output", default=os.path.join(RESULTS, "multi30k_recipe.json"))
     args = parser.parse_args(argv)
 
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env = stage_environment()
     run = os.path.abspath(args.output_dir)
     multi30k = os.path.abspath(args.multi30k_dir)
     seconds = {}
     if not args.skip_training:
-        overrides = [item for value in args.set for item in ("--set", value)]
+        flags = ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run]
         seconds["training"] = run_stage(
-            "Train the multi30k recipe",
-            "train",
-            ["--recipe", "multi30k", "--multi30k-dir", multi30k, "--output-dir", run, *overrides],
-            env,
+            "Train the multi30k recipe", "train", [*flags, *set_flags(args.set)], env
         )
     with open(os.path.join(run, "result.json"), encoding="utf-8") as handle:
         trained = json.load(handle)
@@ -61,17 +62,14 @@ def main(argv=None):
 
     scratch = os.path.join(run, "test_2016_flickr")
     os.makedirs(scratch, exist_ok=True)
-    files = {}
-    for language in ("en", "de"):
-        files[language] = os.path.join(scratch, f"test_2016_flickr.{language}")
-        lines = read_lines(os.path.join(multi30k, f"test_2016_flickr.{language}.gz"))
-        with open(files[language], "w", encoding="utf-8") as handle:
-            handle.writelines(f"{line}\n" for line in lines[: args.test_sentences])
+    source, reference, sentences = write_multi30k_split(
+        multi30k, "test_2016_flickr", scratch, args.test_sentences
+    )
     stage_seconds, scores = export_translate_score(
         run,
         os.path.join(run, "saved_models", "multi30k"),
-        files["en"],
-        files["de"],
+        source,
+        reference,
         os.path.join(scratch, "test_2016_flickr"),
         env,
         beam_size=args.beam_size,
@@ -87,7 +85,7 @@ def main(argv=None):
             "steps": trained.get("steps"),
             "seconds": seconds,
             "training_minutes": round(seconds["training"] / 60, 1) if seconds["training"] else None,
-            "test_sentences": len(lines[: args.test_sentences]),
+            "test_sentences": sentences,
             "beam_size": args.beam_size,
             "alpha": args.alpha,
             "test_2016_flickr": scores,

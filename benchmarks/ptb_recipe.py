@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from benchmarks.common import RESULTS, write_result  # noqa: E402
+from benchmarks.common import RESULTS, set_flags, stage_environment, write_result  # noqa: E402
 from pipelines.commands.stages import run_stage  # noqa: E402
 
 
@@ -50,17 +50,13 @@ def main(argv=None):
 
     from pipelines.parsing.trees import read_trees
 
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    env = stage_environment()
     run, treebank = os.path.abspath(args.output_dir), os.path.abspath(args.treebank_dir)
     started, seconds = time.perf_counter(), {}
     if not args.skip_training:
-        overrides = [item for value in args.set for item in ("--set", value)]
+        flags = ["--recipe", "ptb", "--treebank-dir", treebank, "--output-dir", run]
         seconds["training"] = run_stage(
-            "Train the ptb recipe",
-            "train",
-            ["--recipe", "ptb", "--treebank-dir", treebank, "--output-dir", run, *overrides],
-            env,
+            "Train the ptb recipe", "train", [*flags, *set_flags(args.set)], env
         )
     search = [flag for name in ("beam_size", "alpha") if getattr(args, name) is not None
               for flag in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]  # fmt: skip

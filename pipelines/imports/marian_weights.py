@@ -12,6 +12,12 @@ import numpy as np
 from pipelines.errors import DataError
 
 
+def weights_file(folder):
+    """str: the folder's `model.safetensors`, else its `pytorch_model.bin` (which may be absent)."""
+    path = os.path.join(folder, "model.safetensors")
+    return path if os.path.isfile(path) else os.path.join(folder, "pytorch_model.bin")
+
+
 def read_weights(folder):
     """The state dict of `model.safetensors` (or `pytorch_model.bin`, with torch), as NumPy.
 
@@ -19,8 +25,8 @@ def read_weights(folder):
         DataError: neither file is there or readable, or reading needs what
             is not installed.
     """
-    path = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(path):
+    path = weights_file(folder)
+    if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
         try:
@@ -28,7 +34,6 @@ def read_weights(folder):
         except Exception as error:  # safetensors raises its own error types and OSError
             raise DataError(f"{path}: not a readable safetensors file ({error})") from None
         return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
-    path = os.path.join(folder, "pytorch_model.bin")
     if not os.path.isfile(path):
         raise DataError(f"{folder}: no model.safetensors or pytorch_model.bin")
     try:
@@ -46,9 +51,7 @@ class _Weights:
     """Looks tensors up by any of their tied names, checking shapes."""
 
     def __init__(self, tensors, folder):
-        self.tensors, self.folder = tensors, folder
-        stored = os.path.join(folder, "model.safetensors")
-        self.file = stored if os.path.isfile(stored) else os.path.join(folder, "pytorch_model.bin")
+        self.tensors, self.folder, self.file = tensors, folder, weights_file(folder)
 
     def __call__(self, names, shape):
         names = [names] if isinstance(names, str) else names

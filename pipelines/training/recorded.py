@@ -52,9 +52,12 @@ def run_settings(run_dir, names):
         ConfigError: config.json is not a run's, or records a value of the
             wrong type or out of range (naming the file, setting and value).
     """
-    found = {}
+    found, groups = {}, {}
     for name in names:
-        group = _group(run_dir, SETTINGS[name].group)
+        group_name = SETTINGS[name].group
+        if group_name not in groups:  # the file read once a group, not once a setting
+            groups[group_name] = _group(run_dir, group_name)
+        group = groups[group_name]
         if name in group:
             try:
                 found[name] = coerce(name, group[name])

@@ -49,7 +49,7 @@ def _keras_decoder(model, tok, max_length, use_cache, chunk_size):
     from pipelines.serving.translation import translate_strings
 
     @tf.function(reduce_retracing=True)
-    def run(inputs, beam_size, alpha):
+    def run(inputs, beam_size, alpha, penalty_form):
         texts, scores = translate_strings(
             model,
             tok,
@@ -59,11 +59,13 @@ def _keras_decoder(model, tok, max_length, use_cache, chunk_size):
             max_source_length=max_length,
             chunk_size=chunk_size,
             use_cache=use_cache,
+            lengths={"penalty_form": penalty_form},
         )
         return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
-    def signature(inputs, beam_size, alpha):
-        return run(inputs, int(beam_size), float(alpha))
+    def signature(inputs, beam_size, alpha, penalty_form=""):
+        form = penalty_form.numpy().decode() if hasattr(penalty_form, "numpy") else penalty_form
+        return run(inputs, int(beam_size), float(alpha), form or "gnmt")
 
     return signature
 

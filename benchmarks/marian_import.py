@@ -161,7 +161,7 @@ def engines(run, folder, model, tokenizer, work, threads, extra_length):
 
     def ours(batch, beam):
         outputs = translate(inputs=tf.constant(batch), beam_size=tf.constant(beam),
-                            alpha=tf.constant(0.0))  # fmt: skip
+                            alpha=tf.constant(0.0), penalty_form=tf.constant(""))  # fmt: skip
         return [t.decode("utf-8") for t in outputs["translations"].numpy()]
 
     def theirs(batch, beam):

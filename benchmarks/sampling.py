@@ -84,7 +84,10 @@ def main(argv=None):
     translate, sample = loaded.signatures["translate"], loaded.signatures["sample"]
 
     def greedy_request(batch):
-        return translate(inputs=batch, beam_size=tf.constant(1), alpha=tf.constant(0.6))
+        return translate(
+            inputs=batch, beam_size=tf.constant(1), alpha=tf.constant(0.6),
+            penalty_form=tf.constant(""),
+        )  # fmt: skip
 
     def sample_request(top_k):
         def call(batch):

@@ -61,7 +61,10 @@ def main(argv=None):
         def translate(beam):
             def call(batch, _):
                 return signatures["translate"](
-                    inputs=tf.constant(batch), beam_size=tf.constant(beam), alpha=tf.constant(0.6)
+                    inputs=tf.constant(batch),
+                    beam_size=tf.constant(beam),
+                    alpha=tf.constant(0.6),
+                    penalty_form=tf.constant(""),
                 )
 
             return call

@@ -22,10 +22,10 @@ PAGES = (
     ("layers-stacks.md", "Encoder and decoder layers", None,
      "EncoderLayer Encoder DecoderLayer Decoder"),
     ("decoding.md", "Decoding", decoding,
-     "greedy_search beam_search sample score_hypotheses length_penalty"),
+     "greedy_search beam_search sample score_hypotheses length_penalty PENALTY_FORMS"),
     ("decoding-helpers.md", "Decoding: constraints and the helpers the searches share", None,
      "BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
-     "RecomputedSteps guide ban_special_tokens force_prefix gather_rows write_column"),
+     "RecomputedSteps guide ban_special_tokens end_at_limit force_prefix gather_rows write_column"),
     ("training.md", "Training: schedule, optimizer, loss, metric", None,
      "TransformerSchedule transformer_optimizer LabelSmoothedCrossEntropy MaskedAccuracy"),
 )  # fmt: skip

@@ -34,6 +34,61 @@ def test_length_penalty_is_the_gnmt_formula(alpha):
     )
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_the_power_form_is_length_to_the_alpha(alpha):
+    lengths = np.array([1, 2, 7, 50])
+    power = to_numpy(length_penalty(lengths, alpha, "power"))
+    np.testing.assert_allclose(power, lengths.astype("float64") ** alpha, rtol=1e-6)
+    # A graph's form, as its offset: 5 is GNMT's, 0 the power.
+    for offset, expected in ((5.0, numpy_length_penalty(lengths, alpha)), (0.0, power)):
+        chosen = length_penalty(lengths, alpha, keras.ops.convert_to_tensor(offset))
+        np.testing.assert_allclose(to_numpy(chosen), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="penalty_form must be one of"):
+        length_penalty(lengths, alpha, "gnmt2")
+
+
+def test_beam_scores_follow_the_power_form(model):
+    tokens, scores = beam_search(
+        model, SOURCES, alpha=1.0, num_hypotheses=4, extra_length=EXTRA, penalty_form="power"
+    )
+    tokens, scores = to_numpy(tokens), to_numpy(scores)
+    for rank in range(4):
+        _, token_log_probs = score_hypotheses(
+            model, SOURCES, tokens[:, rank], return_token_log_probs=True
+        )
+        lengths = (tokens[:, rank] != PAD).sum(axis=1)
+        expected = to_numpy(token_log_probs).sum(axis=1) / lengths  # log p / |Y| ** 1
+        np.testing.assert_allclose(scores[:, rank], expected, rtol=1e-4)
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    # The forms rank differently here: alpha 1 favours long hypotheses more under the power.
+    gnmt, _ = beam_search(model, SOURCES, alpha=1.0, num_hypotheses=4, extra_length=EXTRA)
+    assert not np.array_equal(to_numpy(gnmt), tokens)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_end_at_limit_forces_the_end_token_scored_zero(model, beam_size):
+    limit = 3  # shorter than the model's own endings
+    free = to_numpy(beam_search(model, SOURCES, beam_size=beam_size, max_output_length=limit)[0])
+    assert np.all(free[:, 0, -1] != EOS)  # every best hypothesis is cut by the limit
+    tokens, scores = beam_search(
+        model, SOURCES, beam_size=beam_size, max_output_length=limit, end_at_limit=True,
+        num_hypotheses=beam_size, alpha=0.6, penalty_form="power",
+    )  # fmt: skip
+    tokens, scores = to_numpy(tokens), to_numpy(scores)
+    assert np.all(tokens[..., -1] == EOS)
+    _, token_log_probs = score_hypotheses(model, SOURCES, tokens[:, 0], return_token_log_probs=True)
+    # The forced end adds 0: the score is the first limit - 1 tokens' log-probability.
+    expected = to_numpy(token_log_probs)[:, : limit - 1].sum(axis=1) / limit**0.6
+    np.testing.assert_allclose(scores[:, 0], expected, rtol=1e-4)
+    greedy, greedy_scores = greedy_search(
+        model, SOURCES, max_output_length=limit, end_at_limit=True, return_scores=True,
+        alpha=0.6, penalty_form="power",
+    )  # fmt: skip
+    if beam_size == 1:
+        np.testing.assert_array_equal(to_numpy(greedy), tokens[:, 0])
+        np.testing.assert_allclose(to_numpy(greedy_scores), scores[:, 0], rtol=1e-5)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_size_one_is_greedy(model, alpha):
     greedy, greedy_scores = greedy_search(

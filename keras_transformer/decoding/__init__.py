@@ -20,10 +20,11 @@ With `use_cache=False` every step recomputes the whole prefix instead
 (`RecomputedSteps`), the slow reference the cached decoders are checked and
 measured against.
 
-Hypotheses are scored by their log-probability divided by the GNMT length
-penalty `((5 + |Y|) / 6) ** alpha` (Wu et al., 2016), where `|Y|` counts the
-produced tokens, end-of-sequence included. `pad_id` and `bos_id` are never
-produced.
+Hypotheses are scored by their log-probability divided by a length penalty:
+GNMT's `((5 + |Y|) / 6) ** alpha` (Wu et al., 2016) by default, or
+`|Y| ** alpha` (`penalty_form="power"`, as `transformers` and CTranslate2
+divide), where `|Y|` counts the produced tokens, end-of-sequence included.
+`pad_id` and `bos_id` are never produced.
 """
 
 from keras_transformer.decoding.beam import beam_search
@@ -32,10 +33,12 @@ from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import filter_log_probs, sample
 from keras_transformer.decoding.steps import (
     IMPOSSIBLE,
+    PENALTY_FORMS,
     CachedSteps,
     RecomputedSteps,
     SearchSetup,
     ban_special_tokens,
+    end_at_limit,
     force_prefix,
     gather_rows,
     guide,
@@ -48,10 +51,12 @@ from keras_transformer.decoding.steps import (
 __all__ = [
     "BracketConstraint",
     "IMPOSSIBLE",
+    "PENALTY_FORMS",
     "CachedSteps",
     "RecomputedSteps",
     "SearchSetup",
     "ban_special_tokens",
+    "end_at_limit",
     "filter_log_probs",
     "force_prefix",
     "beam_search",

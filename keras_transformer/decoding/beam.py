@@ -1,4 +1,4 @@
-"""Beam search with the GNMT length penalty (section 6.1)."""
+"""Beam search with a length penalty (section 6.1)."""
 
 from keras import ops
 
@@ -9,6 +9,7 @@ from keras_transformer.decoding.steps import (
     gather_rows,
     guide,
     length_penalty,
+    penalty_offset,
     prepare_search,
     write_column,
 )
@@ -85,7 +86,7 @@ def _expand(alive_log_probs, log_probs, beam_size):
     return scores, picks // width, ops.cast(ids, "int32")
 
 
-def _finish(finished, index, candidates, open_, alpha, beam_size):
+def _finish(finished, index, candidates, open_, penalty, beam_size):
     """Adds the candidates that end here to each sentence's `K` finished hypotheses.
 
     The best `K` candidates that end with EOS finish, and at the length limit
@@ -98,7 +99,7 @@ def _finish(finished, index, candidates, open_, alpha, beam_size):
         candidates: `(tokens, log_probs, ending)`: int32 `(n, 2K, T)`, float32
             `(n, 2K)` best first, bool `(n, 2K)` (ends with EOS or at the limit).
         open_: bool `(n, 1)`, False for sentences already done.
-        alpha: float, length penalty exponent.
+        penalty: callable, a length's length penalty.
         beam_size: int `K`.
 
     Returns:
@@ -108,7 +109,7 @@ def _finish(finished, index, candidates, open_, alpha, beam_size):
     tokens, log_probs, ending, *extra = candidates
     in_beam = (ops.arange(2 * beam_size) < beam_size)[None]  # (1, 2K)
     finishing = in_beam & ending & open_ & (log_probs > IMPOSSIBLE / 2)
-    new_scores = log_probs / length_penalty(index + 1, alpha)  # (n, 2K)
+    new_scores = log_probs / penalty(index + 1)  # (n, 2K)
     pooled = ops.concatenate(
         [finished_scores, ops.where(finishing, new_scores, IMPOSSIBLE)], axis=1
     )  # (n, 3K)
@@ -160,7 +161,7 @@ def _keep_alive(candidates, beam_size):
     return alive, ops.take_along_axis(origins, keep, axis=1)
 
 
-def _settled(finished_scores, alive_log_probs, ends, index, alpha, num_hypotheses, early_stop):
+def _settled(finished_scores, alive_log_probs, ends, index, penalty, num_hypotheses, early_stop):
     """Bool `(n,)`: sentences whose search can stop after this step.
 
     By default, once `K` hypotheses have finished and no live one scores better
@@ -174,7 +175,7 @@ def _settled(finished_scores, alive_log_probs, ends, index, alpha, num_hypothese
         count = ops.sum(ops.cast(finished_scores > IMPOSSIBLE / 2, "int32"), axis=1)
         return ends[:, 0] & (count >= num_hypotheses)
     worst_finished = finished_scores[:, -1]  # scores are sorted, best first
-    best_alive = alive_log_probs[:, 0] / length_penalty(index + 1, alpha)
+    best_alive = alive_log_probs[:, 0] / penalty(index + 1)
     return (worst_finished > IMPOSSIBLE / 2) & (worst_finished >= best_alive)
 
 
@@ -240,8 +241,10 @@ def beam_search(
     max_length=None,
     disable_unk=False,
     banned_tokens=None,
+    penalty_form="gnmt",
+    end_at_limit=False,
 ):
-    """Beam search with the GNMT length penalty, returning the N best.
+    """Beam search with a length penalty, returning the N best.
 
     At each step every live hypothesis is extended by every token and the
     `2 * beam_size` best extensions are kept: those among the best
@@ -282,6 +285,10 @@ def beam_search(
             disable_unk, banned_tokens: decoding controls, each hypothesis's
             own output checked (see `greedy_search`); the scores are
             log-probabilities of the cut distribution.
+        penalty_form: "gnmt" (the paper's) or "power" (`transformers`'), the
+            length penalty's form (`length_penalty`).
+        end_at_limit: bool, a hypothesis's last allowed token is the end
+            token, scored 0 (`transformers`' `forced_eos_token_id`).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` hypotheses (`T` as in
@@ -308,15 +315,22 @@ def beam_search(
         banned_tokens,
     )  # fmt: skip
     options = (max_output_length, extra_length, use_cache, static_shapes, return_attention)
+    penalty_offset(penalty_form)  # checks it
     search = {"prefix": check_prefix(target_prefix), "constraint": constraint}
-    search["controls"] = controls
-    return _search(model, source_ids, beam_size, alpha, num_hypotheses, early_stop, options, search)
+    search.update(controls=controls, end_at_limit=end_at_limit)
+
+    def penalty(length):
+        return length_penalty(length, alpha, penalty_form)
+
+    arguments = (beam_size, penalty, num_hypotheses, early_stop, options, search)
+    return _search(model, source_ids, *arguments)
 
 
-def _search(model, source_ids, beam_size, alpha, num_hypotheses, early_stop, options, search):
+def _search(model, source_ids, beam_size, penalty, num_hypotheses, early_stop, options, search):
     """`beam_search` once its settings are checked.
 
     Args:
+        penalty: callable, a length's length penalty.
         options: `(max_output_length, extra_length, use_cache, static_shapes,
             return_attention)`.
         search: dict with `prefix`, `constraint` and `controls`, completed
@@ -355,11 +369,11 @@ def _search(model, source_ids, beam_size, alpha, num_hypotheses, early_stop, opt
         at_limit = (index + 1 >= ops.take(limits, sentences))[:, None]  # (n, 1)
         open_ = ops.logical_not(done)[:, None]
         candidates = (extended, top_log_probs, ends | at_limit, *histories)
-        finished = _finish(finished, index, candidates, open_, alpha, beam_size)
+        finished = _finish(finished, index, candidates, open_, penalty, beam_size)
         alive, parents = _keep_alive(
             (extended, top_log_probs, new_ids, origins, ends, *histories), beam_size
         )
-        settled = _settled(finished[1], alive[1], ends, index, alpha, num_hypotheses, early_stop)
+        settled = _settled(finished[1], alive[1], ends, index, penalty, num_hypotheses, early_stop)
         done = done | settled | at_limit[:, 0]
         outputs = tuple(
             ops.scatter_update(output, sentences[:, None], values[:, :num_hypotheses])

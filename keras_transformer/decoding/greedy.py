@@ -31,6 +31,8 @@ def greedy_search(
     max_length=None,
     disable_unk=False,
     banned_tokens=None,
+    penalty_form="gnmt",
+    end_at_limit=False,
 ):
     """Decodes by taking the most probable token at every step.
 
@@ -74,6 +76,10 @@ def greedy_search(
             choices and the returned scores follow the cut distribution
             (as CTranslate2's do); each may also be a tensor with one value
             a sentence. See `keras_transformer.decoding.controls`.
+        penalty_form: "gnmt" or "power", the length penalty's form
+            (`length_penalty`).
+        end_at_limit: bool, a row's last allowed token is the end token,
+            scored 0 (`transformers`' `forced_eos_token_id`).
 
     Returns:
         int32 `(B, T)` token ids, `T = max_output_length` or `S + extra_length`:
@@ -111,11 +117,12 @@ def greedy_search(
     )  # fmt: skip
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(
-        model, source_ids, most_probable, *options, return_attention, constraint, controls
-    )
+        model, source_ids, most_probable, *options, return_attention, constraint, controls,
+        end_at_limit,
+    )  # fmt: skip
     results = (tokens,)
     if return_scores:
-        results += (totals / length_penalty(lengths, alpha),)
+        results += (totals / length_penalty(lengths, alpha, penalty_form),)
     if return_attention:
         results += (attention,)
     return results[0] if len(results) == 1 else results
@@ -133,6 +140,7 @@ def search_rows(
     return_attention=False,
     constraint=None,
     controls=None,
+    end_at_limit=False,
 ):
     """One token a row a step, as `choose` picks it: the loop greedy search and sampling share.
 
@@ -146,6 +154,7 @@ def search_rows(
         return_attention: bool, collect each token's alignment.
         constraint: callable or None, as `greedy_search` takes it.
         controls: dict or None, from `check_controls`.
+        end_at_limit: bool, as `greedy_search` takes it.
 
     Returns:
         `(tokens, totals, lengths, attention)`: int32 `(B, T)`, float32 `(B,)`
@@ -163,7 +172,7 @@ def search_rows(
     if not static:
         state = gather_rows(state, rows)  # rows of a traced size, so they may leave
     search = {"prefix": prefix, "constraint": constraint, "source_ids": source_ids}
-    search.update(limits=limits, controls=controls)
+    search.update(limits=limits, controls=controls, end_at_limit=end_at_limit)
     read_history = constraint is not None or controls is not None
     tokens = ops.full((batch_size, width), model.pad_id, dtype="int32")  # (B, T)
     totals = ops.zeros((batch_size,), dtype="float32")  # (B,) log-probabilities

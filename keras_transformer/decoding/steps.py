@@ -17,12 +17,22 @@ from keras import ops
 IMPOSSIBLE = -1e9
 
 
-def length_penalty(length, alpha):
-    """The GNMT length penalty `((5 + length) / 6) ** alpha`.
+# The length penalty's forms, as the offset `k` of `((k + |Y|) / (k + 1)) ** alpha`.
+PENALTY_FORMS = {"gnmt": 5.0, "power": 0.0}
+
+
+def length_penalty(length, alpha, form="gnmt"):
+    """The length penalty a hypothesis's log-probability is divided by.
+
+    Two forms: GNMT's `((5 + length) / 6) ** alpha` (Wu et al.; the paper's,
+    with alpha 0.6), and `length ** alpha`, the form of `transformers`'
+    `length_penalty` and CTranslate2's. Both are `((k + length) / (k + 1)) **
+    alpha` with `k` 5 or 0, which lets a graph choose the form per request.
 
     Args:
         length: int or tensor of token counts (end-of-sequence included).
         alpha: float, 0 for none; the paper uses 0.6.
+        form: "gnmt" or "power", or a float scalar tensor `k` (see above).
 
     Returns:
         float32 tensor shaped like `length`.
@@ -30,8 +40,20 @@ def length_penalty(length, alpha):
     References:
         Wu et al., 2016, section 7; Vaswani et al., 2017, section 6.1.
     """
+    offset = penalty_offset(form)
     length = ops.cast(length, "float32")
-    return ops.power((5.0 + length) / 6.0, alpha)
+    return ops.power((offset + length) / (offset + 1.0), alpha)
+
+
+def penalty_offset(form):
+    """The offset `k` of a length penalty form (see `length_penalty`); a tensor passes through."""
+    if not isinstance(form, str):
+        return ops.cast(form, "float32")
+    if form not in PENALTY_FORMS:
+        raise ValueError(
+            f"penalty_form must be one of {sorted(PENALTY_FORMS)}. Received: penalty_form={form!r}"
+        )
+    return PENALTY_FORMS[form]
 
 
 class CachedSteps:
@@ -253,8 +275,9 @@ def guide(model, log_probs, index, row_sentences, history, search):
     cut them, and the log-softmax of the cut logits is the distribution the
     search follows. Then padding and start are banned (`ban_special_tokens`);
     then, on rows past their target prefix, the constraint removes what it
-    does not allow; then rows inside their prefix can only produce it
-    (`force_prefix`), whatever the constraint allows.
+    does not allow; with `end_at_limit`, rows at their last position can only
+    end; then rows inside their prefix can only produce it (`force_prefix`),
+    whatever the constraint allows.
 
     Args:
         model: the model searched (its `pad_id`, `bos_id`).
@@ -265,7 +288,8 @@ def guide(model, log_probs, index, row_sentences, history, search):
             constraint or controls; None without them).
         search: dict with `prefix` (int `(B, P)` or None), `constraint`
             (callable or None, see `greedy_search`), `source_ids` int `(B, S)`,
-            `limits` int `(B,)` and `controls` (dict or None).
+            `limits` int `(B,)`, `controls` (dict or None) and optionally
+            `end_at_limit` (bool, see `end_at_limit`).
 
     Returns:
         float32 `(R, V)`.
@@ -284,7 +308,28 @@ def guide(model, log_probs, index, row_sentences, history, search):
             rows_prefix = ops.take(prefix, row_sentences, axis=0)  # (R, P)
             free = ops.logical_not(_in_prefix(rows_prefix, index, model.pad_id))
             log_probs = ops.where(free[:, None], constrained, log_probs)
+    if search.get("end_at_limit"):
+        log_probs = end_at_limit(model, log_probs, index, ops.take(search["limits"], row_sentences))
     return force_prefix(log_probs, prefix, row_sentences, index, model.pad_id)
+
+
+def end_at_limit(model, log_probs, index, limits):
+    """`(R, V)` log-probabilities where rows at their last position can only end.
+
+    `transformers`' `forced_eos_token_id`: the last token a row's limit allows
+    is `model.eos_id`, with log-probability 0 (the forced token adds nothing
+    to the score), so a hypothesis cut by the limit still ends.
+
+    Args:
+        model: the model searched (its `eos_id`).
+        log_probs: float32 `(R, V)`.
+        index: int scalar, the position being decoded.
+        limits: int `(R,)`, the most tokens each row may produce.
+    """
+    ids = ops.arange(ops.shape(log_probs)[-1])
+    forced = ops.where(ops.equal(ids, model.eos_id), 0.0, IMPOSSIBLE)[None]  # (1, V)
+    last = ops.expand_dims(index + 1 >= limits, 1)  # (R, 1)
+    return ops.where(last, forced, log_probs)
 
 
 def _controlled(model, logits, index, row_sentences, history, search):
@@ -313,7 +358,9 @@ def check_prefix(target_prefix):
     return target_prefix
 
 
-def score_hypotheses(model, source_ids, target_ids, alpha=0.0, return_token_log_probs=False):
+def score_hypotheses(
+    model, source_ids, target_ids, alpha=0.0, return_token_log_probs=False, penalty_form="gnmt"
+):
     """Scores given translations under the model, as the decoders score them.
 
     Args:
@@ -323,6 +370,7 @@ def score_hypotheses(model, source_ids, target_ids, alpha=0.0, return_token_log_
             then `model.eos_id` (when produced), then `model.pad_id`.
         alpha: float, length penalty exponent.
         return_token_log_probs: bool, also return each token's log-probability.
+        penalty_form: "gnmt" or "power", the length penalty's form (`length_penalty`).
 
     Returns:
         float32 `(B,)` log-probabilities divided by `length_penalty`; with
@@ -339,6 +387,6 @@ def score_hypotheses(model, source_ids, target_ids, alpha=0.0, return_token_log_
     real = ops.not_equal(target_ids, model.pad_id)
     picked = ops.where(real, picked, 0.0)  # (B, T)
     scores = ops.sum(picked, axis=1) / length_penalty(
-        ops.sum(ops.cast(real, "int32"), axis=1), alpha
+        ops.sum(ops.cast(real, "int32"), axis=1), alpha, penalty_form
     )
     return (scores, picked) if return_token_log_probs else scores

@@ -55,11 +55,11 @@ def _convert(args):
     model = load_checkpoint(model_path)
     from pipelines.training.recorded import run_decoding
 
-    extra = run_decoding(args.run_dir or os.path.dirname(os.path.abspath(model_path)))
+    decoding = run_decoding(args.run_dir or os.path.dirname(os.path.abspath(model_path)))
     print(
         convert(
             model, spm_path, args.output, max_length, args.quantization, force=args.force,
-            extra_length=extra["extra_length"],
+            extra_length=decoding["extra_length"], search=decoding,
         )
     )  # fmt: skip
 

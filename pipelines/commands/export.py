@@ -4,8 +4,10 @@
 
 writes `saved_models/default/1/` (TF Serving's `NAME/VERSION` layout); see
 `pipelines.serving.saved_model` for its signatures. The search (`--beam-size`,
-`--alpha`, `--extra-length`, `--tree-constraint`) defaults to the run's `decoding` settings in
-RUN_DIR/config.json (beam 4, alpha 0.6, +50 where it has none), `--tree-words` to its
+`--alpha`, `--penalty-form`, `--extra-length`, `--max-output-length`, `--end-at-limit`,
+`--tree-constraint`) defaults to the run's `decoding` settings in RUN_DIR/config.json
+(beam 4, alpha 0.6 with GNMT's penalty, +50 where it has none; an imported
+model's run records its own generation settings), `--tree-words` to its
 `data.treebank_words`, and the version records what it was exported with in
 `assets.extra/keras_transformer.json`. `--quantize int8` (or `int8-weights`)
 stores the matrix weights in int8 (`pipelines.serving.quantization`);
@@ -27,7 +29,7 @@ from pipelines.commands.arguments import (
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
 from pipelines.serving.quantization import QUANTIZE_MODES
-from pipelines.serving.translation import CHUNK_SIZE
+from pipelines.serving.translation import CHUNK_SIZE, LENGTH_DEFAULTS
 from pipelines.serving.versions import check_version
 
 
@@ -43,6 +45,24 @@ def _parse(argv, prog):
         "--extra-length",
         type=int,
         help="target pieces beyond a sentence's source pieces; defaults to the run's",
+    )
+    parser.add_argument(
+        "--penalty-form",
+        choices=["gnmt", "power"],
+        help="length penalty: gnmt ((5 + |Y|) / 6) ** alpha, or power |Y| ** alpha "
+        "(transformers'); defaults to the run's",
+    )
+    parser.add_argument(
+        "--max-output-length",
+        type=int,
+        help="the most target pieces of any sentence, the end included, whatever its source "
+        "(0: none); defaults to the run's",
+    )
+    parser.add_argument(
+        "--end-at-limit",
+        action=argparse.BooleanOptionalAction,
+        help="a sentence's last allowed piece is the end (transformers' forced_eos_token_id); "
+        "defaults to the run's",
     )
     parser.add_argument(
         "--tree-constraint",
@@ -101,6 +121,10 @@ def _export(args):
         raise ConfigError(f"--extra-length must be positive. Received: {args.extra_length}")
     if args.beam_size < 1:
         raise ConfigError(f"--beam-size must be positive. Received: {args.beam_size}")
+    if args.max_output_length < 0:
+        raise ConfigError(
+            f"--max-output-length must be 0 (none) or positive. Received: {args.max_output_length}"
+        )
     if not args.alpha >= 0:
         raise ConfigError(f"--alpha must be 0 or positive. Received: {args.alpha}")
     if args.nbest is None:
@@ -127,6 +151,7 @@ def _export(args):
         args.tree_constraint,
         tree_words=run_tree_words(run_dir) if args.tree_words is None else args.tree_words,
         quantize=args.quantize,
+        lengths={name: getattr(args, name) for name in LENGTH_DEFAULTS},
     )
     print(export(translator, base_dir, args.version, batching=args.batching))
 

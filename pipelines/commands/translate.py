@@ -10,7 +10,8 @@ length), one line per input line (an empty line gives an empty line); each
 batch's lines are written as soon as it is done. Progress goes to stderr.
 
 Search: the export's beam size and length penalty by default
-(`serving_default`); `--beam-size` and `--alpha` choose others (`translate`).
+(`serving_default`); `--beam-size`, `--alpha` and `--penalty-form` (gnmt or
+power) choose others (`translate`).
 
 Target prefixes: `--prefix-file` holds one prefix per input line (an empty
 line for none); each translation starts with its prefix (`prefix`).
@@ -111,7 +112,7 @@ def _check_settings(args):
         )
     if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
         raise ConfigError(f"--sampling-topp must be in (0, 1]. Received: {args.sampling_topp}")
-    searched = [_flag(name) for name in ("beam_size", "alpha") if name in given]
+    searched = [_flag(name) for name in ("beam_size", "alpha", "penalty_form") if name in given]
     guided = [_flag(name) for name in ("prefix_file", "alignments") if name in given]
     controlled = [_flag(name) for name in CONTROL_FLAGS if name in given]
     _check_controls(args)
@@ -262,7 +263,7 @@ def _translate_files(args, sampling, banned):
         name = "align"
     elif args.prefix_file:
         name = "prefix"
-    elif args.beam_size is None and args.alpha is None:
+    elif args.beam_size is None and args.alpha is None and args.penalty_form is None:
         name = "serving_default"
     else:
         name = "translate"
@@ -354,6 +355,7 @@ def _batches(args, name, signature, lines, prefixes, done, samples, banned=""):
             scalars = {
                 "beam_size": tf.constant(args.beam_size),
                 "alpha": tf.constant(args.alpha, tf.float32),
+                "penalty_form": tf.constant(args.penalty_form or ""),  # "": the export's
             }
         if name in ("prefix", "align"):
             rows["prefixes"] = (prefixes[start:end], tf.string)
@@ -401,6 +403,12 @@ def main(argv=None, prog="kt translate"):
         "--beam-size", type=int, help="1 for greedy search; defaults to the export's"
     )
     parser.add_argument("--alpha", type=float, help="length penalty; defaults to the export's")
+    parser.add_argument(
+        "--penalty-form",
+        choices=["gnmt", "power"],
+        help="the length penalty's form: gnmt, ((5 + |Y|) / 6) ** alpha, or power, "
+        "|Y| ** alpha (transformers'); defaults to the export's",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=1024, help="sentences per call of the SavedModel"
     )

@@ -73,6 +73,28 @@ FIXED = {
 }
 
 
+# `GenerationConfig`'s defaults for what a Marian model's generation settings may set.
+GENERATION_DEFAULTS = {
+    "num_beams": 1,
+    "length_penalty": 1.0,
+    "max_length": 20,
+    "max_new_tokens": None,
+    "forced_eos_token_id": None,
+    "bad_words_ids": None,
+    "early_stopping": False,
+    "renormalize_logits": False,
+    "do_sample": False,
+    "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "min_length": 0,
+}
+# Generation settings an export does not take: an import reports those set.
+UNCARRIED = (
+    "early_stopping", "renormalize_logits", "do_sample", "no_repeat_ngram_size",
+    "repetition_penalty", "min_length",
+)  # fmt: skip
+
+
 def locate(source, cache_dir=None):
     """A local folder for `source`: the folder itself, or a Hub model downloaded to the cache.
 
@@ -143,6 +165,63 @@ def read_config(folder):
         if isinstance(default, int) and not isinstance(default, bool) and not whole:
             raise DataError(f"{path}: {name} is {json.dumps(value)}, not a whole number >= {least}")
     return config
+
+
+def read_generation(folder):
+    """The generation settings `generate` uses: generation_config.json, else config.json's.
+
+    Returns:
+        dict of `GENERATION_DEFAULTS`' names, the defaults filled in.
+    """
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):  # `generate` reads them from config.json then
+        path = os.path.join(folder, "config.json")
+    values = read_object(path)
+    return {name: values.get(name, default) for name, default in GENERATION_DEFAULTS.items()}
+
+
+def decoding_settings(generation, config):
+    """The run's `decoding` settings for a Marian model's generation settings.
+
+    The search `generate` runs: beam size `num_beams`, the penalty
+    `length ** length_penalty`, at most `max_length - 1` target tokens (its
+    `max_length` counts the start token) or `max_new_tokens`, and with
+    `forced_eos_token_id` the last of them the end. Banning the padding
+    token (`bad_words_ids`, as OPUS-MT models do) is what every search here
+    does. What has no equivalent is returned by name, to be reported.
+
+    Args:
+        generation: dict, `read_generation`'s.
+        config: dict, `read_config`'s.
+
+    Returns:
+        `(settings, not_carried)`: dict of `decoding.*` settings, and a list
+        of "name=value" strings.
+    """
+    not_carried = []
+    alpha = generation["length_penalty"]
+    if not isinstance(alpha, (int, float)) or alpha < 0:
+        not_carried.append(f"length_penalty={json.dumps(alpha)} (a penalty >= 0 only)")
+        alpha = 0.0
+    limit = generation["max_new_tokens"] or max(1, generation["max_length"] - 1)
+    settings = {
+        "decoding.beam_size": max(1, generation["num_beams"]),
+        "decoding.alpha": float(alpha),
+        "decoding.penalty_form": "power",
+        "decoding.max_output_length": limit,
+        "decoding.end_at_limit": generation["forced_eos_token_id"] == config["eos_token_id"],
+    }
+    forced = generation["forced_eos_token_id"]
+    if forced is not None and forced != config["eos_token_id"]:
+        not_carried.append(f"forced_eos_token_id={json.dumps(forced)} (only the end token)")
+    banned = [[config["pad_token_id"]], [config["decoder_start_token_id"]]]
+    others = [ids for ids in generation["bad_words_ids"] or [] if ids not in banned]
+    if others:
+        not_carried.append(f"bad_words_ids={json.dumps(others)} (only the padding token)")
+    for name in UNCARRIED:
+        if generation[name] != GENERATION_DEFAULTS[name]:
+            not_carried.append(f"{name}={json.dumps(generation[name])}")
+    return settings, not_carried
 
 
 def model_arguments(config, vocabulary_sizes):
@@ -248,8 +327,8 @@ def read_vocabularies(folder, config):
     return vocabularies[0], vocabularies[1], sizes
 
 
-def run_config(arguments, config, output_dir):
-    """The imported run's `config.json`: its architecture and limits, as a trained run's."""
+def run_config(arguments, config, output_dir, decoding):
+    """The imported run's `config.json`: its architecture, limits and search, as a trained run's."""
     from pipelines.training.loading import load_config
 
     model = {
@@ -269,6 +348,7 @@ def run_config(arguments, config, output_dir):
             "max_length": config["max_position_embeddings"],
             "target_vocabulary": True,  # sentencepiece.target.model, even where shared
             "output_dir": output_dir,
+            **decoding,
         }
     )
     return load_config("default", settings=settings).to_dict()
@@ -278,8 +358,10 @@ def import_marian(source, output_dir, force=False, cache_dir=None):
     """Imports a Marian model (a folder or a Hub name) as a run folder.
 
     The folder holds `model.keras`, `sentencepiece.model` (the source side),
-    `sentencepiece.target.model`, `config.json` and `import.json` (where it
-    came from, and its original config), and `kt export`, `kt translate`,
+    `sentencepiece.target.model`, `config.json` (with the model's generation
+    settings as its `decoding` group, `decoding_settings`) and `import.json`
+    (where it came from, its original config, the generation settings not
+    carried), and `kt export`, `kt translate`,
     `kt score`, `kt ct2-export`, `kt attention` and `kt train --init-from`
     take it as they take a trained run.
 
@@ -327,10 +409,17 @@ def import_marian(source, output_dir, force=False, cache_dir=None):
         )
     ]
     tensors = read_weights(folder)
-    return _write_run(folder, source, output_dir, config, arguments, tensors, vocabularies)
+    decoding, not_carried = decoding_settings(read_generation(folder), config)
+    if not_carried:
+        logger.warning(
+            "generation settings the export does not carry (it searches without them): %s",
+            ", ".join(not_carried),
+        )
+    imported = {"config": config, "decoding": decoding, "not_carried": not_carried}
+    return _write_run(folder, source, output_dir, imported, arguments, tensors, vocabularies)
 
 
-def _write_run(folder, source, output_dir, config, arguments, tensors, vocabularies):
+def _write_run(folder, source, output_dir, imported, arguments, tensors, vocabularies):
     import keras_transformer as kt
 
     model = kt.Transformer(**arguments)
@@ -345,12 +434,12 @@ def _write_run(folder, source, output_dir, config, arguments, tensors, vocabular
         ):
             with open(os.path.join(staging, name), "wb") as handle:
                 handle.write(data)
-        write_json(os.path.join(staging, "config.json"), run_config(arguments, config, output_dir))
+        settings = run_config(arguments, imported["config"], output_dir, imported["decoding"])
+        write_json(os.path.join(staging, "config.json"), settings)
         original = read_json(os.path.join(folder, "config.json"))
-        write_json(
-            os.path.join(staging, "import.json"),
-            {"format": "marian", "source": source, "config": original},
-        )
+        record = {"format": "marian", "source": source, "config": original}
+        record["generation_not_carried"] = imported["not_carried"]
+        write_json(os.path.join(staging, "import.json"), record)
         if os.path.exists(output_dir):
             shutil.rmtree(output_dir)
         os.replace(staging, output_dir)

@@ -25,6 +25,9 @@ EARLIER_SETTINGS = {
     "extra_length": 50,
     "tree_constraint": False,
     "tree_words": False,
+    "penalty_form": "gnmt",
+    "max_output_length": 0,
+    "end_at_limit": False,
 }
 
 
@@ -59,7 +62,9 @@ def export_settings(version):
         dict: `beam_size`, `alpha`, `nbest`, `extra_length` (target pieces a
         sentence may produce beyond its source pieces, end of sentence
         included), `tree_constraint` (searches write only trees),
-        `tree_words` (a parser writes each word before its tag) and, for
+        `tree_words` (a parser writes each word before its tag),
+        `penalty_form`, `max_output_length`, `end_at_limit` (see
+        `Translator`'s `lengths`) and, for
         exports that record them, `max_source_length` and `quantize` (None,
         "int8" or "int8-weights").
         Exports made before the settings file get the settings they used.
@@ -116,7 +121,7 @@ def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):
     return results
 
 
-def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
+def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, penalty_form=""):
     """Translates byte strings in batches of similar length, returning them in order.
 
     Args:
@@ -125,6 +130,8 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
         beam_size: int, 1 for greedy search.
         alpha: float, length penalty exponent.
         batch_size: int, sentences per call.
+        penalty_form: str, the length penalty's form, "gnmt" or "power" ("":
+            the export's).
 
     Returns:
         `(translations, scores)`: lists of str and float in input order.
@@ -132,6 +139,7 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024):
     scalars = {
         "beam_size": tf.constant(beam_size, tf.int32),
         "alpha": tf.constant(alpha, tf.float32),
+        "penalty_form": tf.constant(penalty_form),
     }
     outputs = call_in_batches(signature, lines, batch_size, scalars=scalars)
     translations = [text.decode("utf-8") for text in outputs.get("translations", [])]

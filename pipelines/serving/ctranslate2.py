@@ -12,10 +12,12 @@ one a side). `CTranslate2Translator` wraps it with the same
 tokenization as the SavedModel export: SentencePiece pieces, EOS appended to
 the source, sources longer than `max_source_length - 1` pieces truncated.
 
-CTranslate2 ranks finished hypotheses by `log p / length**length_penalty`
-rather than GNMT's `((5 + length) / 6)**alpha`, so only with no length penalty
-(`alpha=0` here, `length_penalty=0` there) do the two beam searches maximise
-the same score.
+CTranslate2 ranks finished hypotheses by `log p / length**length_penalty`,
+the `penalty_form="power"` of our searches (an imported model's), not GNMT's
+`((5 + length) / 6)**alpha`: with a run's default form only no length penalty
+(`alpha=0` here, `length_penalty=0` there) makes the two maximise the same
+score. CTranslate2 has no forced end at the length limit (`end_at_limit`):
+a hypothesis cut by the limit ends without it.
 
 No converter ships with CTranslate2 for Keras models, hence this one: it maps
 each weight of `keras_transformer.Transformer` onto `TransformerSpec`.
@@ -99,9 +101,10 @@ def model_spec(model, pieces, num_positions=1024, target_pieces=None):
 
     A model that starts decoding with its padding token (an imported Marian
     model's, whose padding embedding is zero) is written as CTranslate2's own
-    Marian converter writes it: the padding token, the last, is left out of
-    the vocabularies and weights (so it is never generated), and the decoder
-    starts from a zero embedding.
+    Marian converter writes it: the padding token is left out of the
+    vocabularies and weights (so it is never generated; CTranslate2 takes
+    pieces, so the ids after it may shift), and the decoder starts from a
+    zero embedding.
 
     Args:
         model: a built `keras_transformer.Transformer`.
@@ -127,11 +130,6 @@ def model_spec(model, pieces, num_positions=1024, target_pieces=None):
                 f"{name} vocabulary has {size}"
             )
     starts_with_pad = model.bos_id == model.pad_id
-    if starts_with_pad and {len(pieces) - 1, len(target_pieces) - 1} != {model.pad_id}:
-        raise ExportError(
-            f"the model starts decoding with its padding token {model.pad_id}, which "
-            "CTranslate2 takes only as the last token"
-        )
     start_row = _numpy(model.target_embedding.embeddings)[model.bos_id]
     if starts_with_pad and np.abs(start_row).max() > 0:
         raise ExportError(
@@ -182,22 +180,24 @@ def model_spec(model, pieces, num_positions=1024, target_pieces=None):
         if stack.final_norm is not None:
             _set_norm(stack_spec.layer_norm, stack.final_norm)
     if starts_with_pad:
-        _drop_padding_token(spec)
+        _drop_padding_token(spec, model.pad_id)
         decoder.start_from_zero_embedding = True
         spec.config.decoder_start_token = spec.config.eos_token  # any: the embedding is zero
-        pieces, target_pieces = pieces[:-1], target_pieces[:-1]
+        pieces, target_pieces = (
+            [*side[: model.pad_id], *side[model.pad_id + 1 :]] for side in (pieces, target_pieces)
+        )
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(target_pieces)
     return spec
 
 
-def _drop_padding_token(spec):
-    """Removes the last row (the padding token's) of the embeddings, projection and its bias."""
+def _drop_padding_token(spec, pad_id):
+    """Removes row `pad_id` (the padding token's) of the embeddings, projection and its bias."""
     for item in (spec.encoder.embeddings[0], spec.decoder.embeddings, spec.decoder.projection):
-        item.weight = item.weight[:-1]
+        item.weight = np.delete(item.weight, pad_id, axis=0)
         bias = getattr(item, "bias", None)
         if isinstance(bias, np.ndarray):
-            item.bias = bias[:-1]
+            item.bias = np.delete(bias, pad_id)
 
 
 def convert(
@@ -208,6 +208,7 @@ def convert(
     quantization=None,
     force=False,
     extra_length=EXTRA_LENGTH,
+    search=None,
 ):
     """Writes a CTranslate2 model folder for `model`.
 
@@ -220,6 +221,9 @@ def convert(
         force: bool, replace an existing folder.
         extra_length: int, target pieces beyond the source pieces (the run's
             `decoding.extra_length`, as the SavedModel takes it).
+        search: dict or None, the run's `decoding` settings, recorded in the
+            folder for `CTranslate2Translator`'s defaults (`beam_size`,
+            `alpha`, `max_output_length`, `end_at_limit`).
 
     Returns:
         `output_dir`.
@@ -231,7 +235,11 @@ def convert(
     check_special_ids(model, spm_path)
     target_path = target_vocabulary_path(spm_path)
     pieces, target_pieces = (_pieces(sentencepiece, path) for path in (spm_path, target_path))
+    search = {"beam_size": 4, "alpha": 0.6, "max_output_length": 0, "end_at_limit": False,
+              **(search or {})}  # fmt: skip
     positions = max_source_length + extra_length + 1
+    if search["max_output_length"]:  # every sentence's limit, whatever its source
+        positions = max(max_source_length, search["max_output_length"]) + 1
     spec = model_spec(model, pieces, positions, target_pieces)
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -242,7 +250,10 @@ def convert(
     if target_path != spm_path:
         shutil.copy(target_path, os.path.join(staging, "sentencepiece.target.model"))
     with open(os.path.join(staging, "keras_transformer.json"), "w", encoding="utf-8") as handle:
-        json.dump({"max_source_length": max_source_length, "extra_length": extra_length}, handle)
+        recorded = {"max_source_length": max_source_length, "extra_length": extra_length}
+        names = ("beam_size", "alpha", "max_output_length", "end_at_limit")
+        recorded.update({name: search[name] for name in names})
+        json.dump(recorded, handle)
     # The folder is replaced whole: the old one is moved aside, then removed.
     old = f"{staging}-old"
     if os.path.exists(output_dir):
@@ -290,14 +301,21 @@ class CTranslate2Translator:
             # Folders written by 0.1.0 name it max_length.
             self.max_source_length = options.get("max_source_length", options.get("max_length"))
             self.extra_length = options.get("extra_length", EXTRA_LENGTH)
+            self.max_output_length = options.get("max_output_length", 0)
+            if self.max_output_length and options.get("end_at_limit"):
+                # No forced end here: a hypothesis stops one piece earlier, without its end.
+                self.max_output_length -= 1
+            self.search = {"beam_size": options.get("beam_size", 4)}
+            self.search["length_penalty"] = options.get("alpha", 0.6)
 
-    def translate(self, sentences, beam_size=4, length_penalty=0.6, batch_size=64):
+    def translate(self, sentences, beam_size=None, length_penalty=None, batch_size=64):
         """Translates `sentences` (list of str) in order.
 
         Args:
             sentences: list of str.
-            beam_size: int, 1 for greedy search.
-            length_penalty: float, CTranslate2's `score / length**length_penalty`.
+            beam_size: int, 1 for greedy search; None for the run's.
+            length_penalty: float, CTranslate2's `score / length**length_penalty`;
+                None for the run's `alpha`.
             batch_size: int, sentences per call (CTranslate2 sorts by length itself).
 
         Returns:
@@ -307,13 +325,18 @@ class CTranslate2Translator:
             p[: self.max_source_length - 1] for p in self.processor.encode(sentences, out_type=str)
         ]
         longest = max((len(p) for p in pieces), default=0)
+        # The SavedModel's limit: the source length (EOS included) + extra_length, or the
+        # run's max_output_length. (CTranslate2 has one limit for a batch.)
+        limit = self.max_output_length or longest + 1 + self.extra_length
         results = self.translator.translate_batch(
             pieces,
             max_batch_size=batch_size,
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            # The SavedModel's limit, source length (EOS included) + extra_length.
-            max_decoding_length=longest + 1 + self.extra_length,
+            beam_size=self.search["beam_size"] if beam_size is None else beam_size,
+            length_penalty=self.search["length_penalty"]
+            if length_penalty is None
+            else length_penalty,
+            max_decoding_length=limit,
+            min_decoding_length=0,  # as the SavedModel's searches: the end may come first
             return_scores=True,
         )
         tokens = [r.hypotheses[0] for r in results]

@@ -16,8 +16,9 @@ Signatures (`inputs` is always a string tensor of shape `[None]`):
         beam search with the export's beam size and length penalty.
     nbest: `translations` string `[None, N]`, `scores` float32 `[None, N]`,
         the N best hypotheses per sentence, best first.
-    translate: also takes `beam_size` (int32 scalar) and `alpha` (float32
-        scalar); beam size 1 is greedy search.
+    translate: also takes `beam_size` (int32 scalar), `alpha` (float32
+        scalar) and `penalty_form` (string scalar: "gnmt", "power", or ""
+        for the export's); beam size 1 is greedy search.
     score: `sources`, `targets` string `[None]` -> `scores` float32 `[None]`
         (log-probabilities, no length penalty), `lengths` int32 `[None]`.
     prefix: also takes `prefixes` string `[None]`: each translation starts
@@ -56,6 +57,7 @@ import shutil
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.decoding.steps import PENALTY_FORMS
 from pipelines.data.tokenizer import Sides, check_special_ids, sides
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
@@ -67,6 +69,7 @@ from pipelines.serving.rows import check_rows
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
+    LENGTH_DEFAULTS,
     sample_strings,
     score_strings,
     translate_strings,
@@ -112,6 +115,9 @@ class Translator(tf.Module):
             from the source, and `kt parse` reads them back.
         quantize: str or None, "int8" or "int8-weights" to store the matrix
             weights in int8 (`pipelines.serving.quantization`); None keeps float32.
+        lengths: dict or None, how lengths count in every search:
+            `penalty_form`, `max_output_length`, `end_at_limit`
+            (`translation.LENGTH_DEFAULTS`, `translate_strings`).
     """
 
     def __init__(
@@ -127,13 +133,16 @@ class Translator(tf.Module):
         tree_constraint=False,
         tree_words=False,
         quantize=None,
+        lengths=None,
     ):
         super().__init__(name="translator")
+        lengths = {**LENGTH_DEFAULTS, **(lengths or {})}
         # What `export` records for clients (`client.export_settings`).
-        self.search_settings = {"beam_size": beam_size, "alpha": alpha, "nbest": num_hypotheses}
-        self.search_settings.update(extra_length=extra_length, max_source_length=max_source_length)
-        self.search_settings.update(tree_constraint=tree_constraint, tree_words=tree_words)
-        self.search_settings.update(quantize=quantize)
+        self.search_settings = dict(
+            beam_size=beam_size, alpha=alpha, nbest=num_hypotheses, extra_length=extra_length,
+            max_source_length=max_source_length, tree_constraint=tree_constraint,
+            tree_words=tree_words, quantize=quantize, **lengths,
+        )  # fmt: skip
         model = _exported_model(model, sentencepiece_path, quantize)
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
         # The file ships in assets/ for users and other runtimes; tf-text's tokenizer op takes
@@ -141,14 +150,9 @@ class Translator(tf.Module):
         tokenizers = self._add_vocabularies(sentencepiece_path)
 
         translate = functools.partial(  # (sentences, beam_size, alpha, num_hypotheses, **options)
-            translate_strings,
-            model,
-            tokenizers,
-            max_source_length=max_source_length,
-            chunk_size=chunk_size,
-            extra_length=extra_length,
-            constraint=constraint,
-        )
+            translate_strings, model, tokenizers, lengths=lengths, constraint=constraint,
+            max_source_length=max_source_length, chunk_size=chunk_size, extra_length=extra_length,
+        )  # fmt: skip
         sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
 
         @tf.function(input_signature=[sentences_spec])
@@ -166,11 +170,13 @@ class Translator(tf.Module):
                 sentences_spec,
                 tf.TensorSpec([], tf.int32, name="beam_size"),
                 tf.TensorSpec([], tf.float32, name="alpha"),
+                tf.TensorSpec([], tf.string, name="penalty_form"),
             ]
         )
-        def translate_with(inputs, beam_size, alpha):
+        def translate_with(inputs, beam_size, alpha, penalty_form):
             tf.debugging.assert_positive(beam_size, message="beam_size must be positive")
-            texts, scores = translate(inputs, beam_size, alpha, 1)
+            form = {**lengths, "penalty_form": _form_offset(penalty_form, lengths["penalty_form"])}
+            texts, scores = translate(inputs, beam_size, alpha, 1, lengths=form)
             return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
         @tf.function(
@@ -233,6 +239,16 @@ class Translator(tf.Module):
             "sample": self.sample,
             "controlled": self.controlled,
         }
+
+
+def _form_offset(form, default):
+    """A request's length penalty form (string scalar, "" for `default`) as its float32 offset."""
+    known = tf.reduce_any(tf.equal(form, ["", *PENALTY_FORMS]))
+    tf.debugging.assert_equal(
+        known, True, message=f'penalty_form must be one of {sorted(PENALTY_FORMS)} or ""'
+    )
+    form = tf.where(tf.equal(form, ""), default, form)
+    return tf.where(tf.equal(form, "power"), PENALTY_FORMS["power"], PENALTY_FORMS["gnmt"])
 
 
 def _tokenizer(path, name=None):

@@ -25,6 +25,9 @@ EXTRA_LENGTH = 50
 # (chosen on Multi30k val; the comparison is in benchmarks/studies/decoding-threads.md).
 CHUNK_SIZE = 128
 
+# How a translation's length counts, by default (`translate_strings`' `lengths`).
+LENGTH_DEFAULTS = {"penalty_form": "gnmt", "max_output_length": 0, "end_at_limit": False}
+
 
 def search(
     model,
@@ -39,6 +42,9 @@ def search(
     extra_length=EXTRA_LENGTH,
     constraint=None,
     controls=None,
+    penalty_form="gnmt",
+    max_output_length=None,
+    end_at_limit=False,
 ):
     """Beam search, or greedy search for beam size 1 (the same results, tested).
 
@@ -60,6 +66,12 @@ def search(
             one value a sentence (`controls.control_tensors`). Where every
             sentence's are off, the search without controls runs, which
             costs nothing for them.
+        penalty_form: "gnmt" or "power", or a float32 scalar offset, the
+            length penalty's form (`keras_transformer.length_penalty`).
+        max_output_length: int or None, the most target tokens of every
+            sentence, instead of its source length plus `extra_length`.
+        end_at_limit: bool, a sentence's last allowed token is the end token
+            (see `beam_search`).
 
     Returns:
         `(tokens, scores)`: int32 `(B, N, T)` and float32 `(B, N)`; with
@@ -70,6 +82,9 @@ def search(
         "return_attention": return_attention,
         "extra_length": extra_length,
         "constraint": constraint,
+        "penalty_form": penalty_form,
+        "max_output_length": max_output_length,
+        "end_at_limit": end_at_limit,
     }
     arguments = (model, source_ids, beam_size, alpha, num_hypotheses, use_cache, early_stop)
     if controls is None:
@@ -162,6 +177,7 @@ def translate_strings(
     extra_length=EXTRA_LENGTH,
     constraint=None,
     controls=None,
+    lengths=None,
 ):
     """Translates a batch of sentences in the graph, chunk by chunk, in input order.
 
@@ -193,10 +209,16 @@ def translate_strings(
             `greedy_search`).
         controls: dict or None, decoding controls with one value a sentence,
             from `controls.control_tensors`.
+        lengths: dict or None, how lengths count (`LENGTH_DEFAULTS`):
+            `penalty_form` ("gnmt", "power", or a float32 scalar offset),
+            `max_output_length` (int, the most target pieces of every
+            sentence, EOS included, instead of its source pieces plus
+            `extra_length`; 0 for none) and `end_at_limit` (bool, a
+            sentence's last allowed piece is the end; see `beam_search`).
 
     Returns:
         `(texts, scores)`: string `(B, N)` and float32 `(B, N)`, best first;
-        scores are log-probabilities divided by the GNMT length penalty.
+        scores are log-probabilities divided by the length penalty.
         With `return_alignments`, also a dict of `alignments` int32
         `(B, N, T)`, for each target piece the source piece it attends to
         most (last decoder layer, heads averaged), -1 where that is the
@@ -207,19 +229,15 @@ def translate_strings(
     sentences = tf.convert_to_tensor(sentences, tf.string)
     source_tokenizer, target_tokenizer = sides(tokenizer)
     source = encode(source_tokenizer, sentences, model.eos_id, max_source_length)  # (B, None)
+    lengths = {**LENGTH_DEFAULTS, **(lengths or {})}
+    fixed = lengths["max_output_length"] = lengths["max_output_length"] or None  # one for all
     prefix = None
     if prefixes is not None:
-        prefix = encode(target_tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
-        limits = source.row_lengths() + extra_length
-        refuse_rows(
-            prefix.row_lengths() > limits,
-            "a prefix has more pieces than its sentence's output limit (the source's pieces, "
-            f"end of sentence included, plus {extra_length}); rows:",
-        )
+        prefix = _prefix_ids(target_tokenizer, prefixes, source, extra_length, fixed)
     # The widest output and source of any chunk, so that every chunk's
     # alignments can be padded to one width.
     source_width = tf.cast(_most(source.row_lengths()), tf.int32)
-    target_width = source_width + extra_length
+    target_width = source_width + extra_length if fixed is None else fixed
 
     def translate_chunk(rows):
         source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
@@ -232,7 +250,7 @@ def translate_strings(
         # (C, N, T), (C, N)[, (C, N, T, S)]
         results = search(
             model, source_ids, beam_size, alpha, num_hypotheses, *options, constraint=constraint,
-            controls=rows_controls,
+            controls=rows_controls, **lengths,
         )  # fmt: skip
         texts = decode(target_tokenizer, results[0], model.eos_id)
         if not return_alignments:
@@ -267,6 +285,18 @@ def translate_strings(
         "source_pieces": source_pieces[:, :source_used],
     }
     return texts, scores, alignments
+
+
+def _prefix_ids(tokenizer, prefixes, source, extra_length, fixed):
+    """Ragged prefix ids `(B, None)`; an error naming the rows whose prefix outgrows its limit."""
+    prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
+    limits = source.row_lengths() + extra_length if fixed is None else fixed
+    limit = fixed or f"the source's pieces, end of sentence included, plus {extra_length}"
+    refuse_rows(
+        prefix.row_lengths() > limits,
+        f"a prefix has more pieces than its sentence's output limit ({limit}); rows:",
+    )
+    return prefix
 
 
 def blank_sentences(sentences):

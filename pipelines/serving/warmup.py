@@ -78,6 +78,7 @@ def warmup_requests(name="model", batching=False):
             options = {
                 "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
                 "alpha": tf.make_tensor_proto(0.6, tf.float32),
+                "penalty_form": tf.make_tensor_proto(""),
             }
             inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
         rows = len(batch)

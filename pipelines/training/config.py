@@ -246,6 +246,14 @@ class DecodingConfig:
     tree_constraint: bool = setting(
         False, "parsers: the search writes only well-formed trees over the input's words"
     )
+    penalty_form: str = setting(
+        "gnmt", "length penalty: gnmt ((5 + |Y|) / 6) ** alpha, or power |Y| ** alpha",
+        choices=("gnmt", "power"),
+    )  # fmt: skip
+    max_output_length: int = setting(
+        0, "the most target pieces of any sentence, the end included (0: none)", low=0
+    )
+    end_at_limit: bool = setting(False, "a sentence's last allowed piece is the end")
 
 
 GROUPS = {

@@ -85,7 +85,8 @@ def run_decoding(run_dir):
         run_dir: str, a training output folder.
 
     Returns:
-        dict with `beam_size`, `alpha`, `extra_length`, `tree_constraint`.
+        dict of `DecodingConfig`'s fields (`beam_size`, `alpha`, `extra_length`,
+        `tree_constraint`, `penalty_form`, `max_output_length`, `end_at_limit`).
 
     Raises:
         ConfigError: config.json is not a run's, or records a value of the

@@ -54,11 +54,17 @@ def main(export_dir, inputs_path):
     best = nbest(inputs=tf.constant(inputs, tf.string))
     empty = serve(inputs=tf.constant([], tf.string))["translations"].shape[0]
     greedy = loaded.signatures["translate"](
-        inputs=tf.constant(inputs, tf.string), beam_size=tf.constant(1), alpha=tf.constant(0.6)
+        inputs=tf.constant(inputs, tf.string),
+        beam_size=tf.constant(1),
+        alpha=tf.constant(0.6),
+        penalty_form=tf.constant(""),
     )
     # Beam search's best translations (alpha 0) scored back, and reversed pairs.
     beam = loaded.signatures["translate"](
-        inputs=tf.constant(inputs, tf.string), beam_size=tf.constant(4), alpha=tf.constant(0.0)
+        inputs=tf.constant(inputs, tf.string),
+        beam_size=tf.constant(4),
+        alpha=tf.constant(0.0),
+        penalty_form=tf.constant(""),
     )
     scored = loaded.signatures["score"](
         sources=tf.constant(inputs, tf.string), targets=beam["translations"]

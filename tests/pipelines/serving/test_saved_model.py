@@ -170,11 +170,40 @@ def test_every_signature_but_translate_is_batch_major(exported):
     for name, signature in loaded.signatures.items():
         inputs = signature.structured_input_signature[1].values()
         outputs = signature.structured_outputs.values()
-        if name == "translate":  # beam_size and alpha are scalars; documented as not batchable
-            assert sorted(len(spec.shape) for spec in inputs) == [0, 0, 1]
+        if name == "translate":  # its search settings are scalars; documented as not batchable
+            assert sorted(len(spec.shape) for spec in inputs) == [0, 0, 0, 1]
             continue
         for spec in [*inputs, *outputs]:
             assert len(spec.shape) >= 1 and spec.shape[0] is None, (name, spec)
+
+
+def test_the_translate_signature_takes_the_length_penalty_form_per_request(exported):
+    translator, model, _, path = exported
+    translate = tf.saved_model.load(path).signatures["translate"]
+    sentences = [b"Monday, March 3, 2014", b"4:08 PM", b"12.5%", b"1,234.5 kilometers"]
+
+    @tf.function
+    def keras_search(sentences, penalty_form):
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
+        tokens, scores = beam_search(model, source, alpha=1.0, penalty_form=penalty_form)
+        return decode(translator.tokenizer, tokens, EOS_ID)[:, 0], scores[:, 0]
+
+    results = {}
+    for form in ("gnmt", "power", ""):
+        outputs = translate(
+            inputs=tf.constant(sentences), beam_size=tf.constant(4),
+            alpha=tf.constant(1.0), penalty_form=tf.constant(form),
+        )  # fmt: skip
+        results[form] = outputs["translations"].numpy(), outputs["scores"].numpy()
+        texts, scores = keras_search(tf.constant(sentences), form or "gnmt")  # "": the export's
+        assert list(results[form][0]) == list(texts.numpy())
+        np.testing.assert_allclose(results[form][1], scores.numpy(), rtol=1e-4)
+    assert not np.allclose(results["gnmt"][1], results["power"][1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="penalty_form must be one of"):
+        translate(
+            inputs=tf.constant(sentences), beam_size=tf.constant(4),
+            alpha=tf.constant(1.0), penalty_form=tf.constant("GNMT"),
+        )  # fmt: skip
 
 
 def keras_prefix_search(translator, model, sentences, prefixes):
@@ -658,17 +687,20 @@ def test_translate_command_keeps_the_exports_setting_of_the_flag_not_given(
     calls, call_in_batches = [], client.call_in_batches
 
     def recorded(signature, lines, batch_size=1024, rows=None, scalars=None):
-        calls.append({name: value.numpy().item() for name, value in (scalars or {}).items()})
+        values = {name: value.numpy() for name, value in (scalars or {}).items()}
+        calls.append({name: getattr(v, "item", lambda v=v: v)() for name, v in values.items()})
         return call_in_batches(signature, lines, batch_size, rows, scalars)
 
     monkeypatch.setattr(client, "call_in_batches", recorded)
     argv = ["translate", "--model", str(version), "--input", source]
     assert cli.main(argv + ["--alpha", "1.0", "--output", str(tmp_path / "a.txt")]) == 0
-    assert calls == [{"beam_size": 3, "alpha": 1.0}]
+    assert calls == [{"beam_size": 3, "alpha": 1.0, "penalty_form": b""}]
     assert cli.main(argv + ["--beam-size", "2", "--output", str(tmp_path / "b.txt")]) == 0
-    assert calls[1] == {"beam_size": 2, "alpha": 0.25}
+    assert calls[1] == {"beam_size": 2, "alpha": 0.25, "penalty_form": b""}
+    assert cli.main(argv + ["--penalty-form", "power", "--output", str(tmp_path / "c.txt")]) == 0
+    assert calls[2] == {"beam_size": 3, "alpha": 0.25, "penalty_form": b"power"}
     assert cli.main(argv + ["--alpha", "-0.5"]) == 2
-    assert len(calls) == 2  # refused before any translation
+    assert len(calls) == 3  # refused before any translation
 
 
 def test_translate_command_prefixes_and_alignments_are_the_signatures(

@@ -263,11 +263,13 @@ def test_run_max_length_reads_nested_and_flat_configs(tmp_path):
 
 
 def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
+    lengths = {"penalty_form": "gnmt", "max_output_length": 0, "end_at_limit": False}
     assert recorded.run_decoding(str(tmp_path)) == {
         "beam_size": 4,
         "alpha": 0.6,
         "extra_length": 50,
         "tree_constraint": False,
+        **lengths,
     }
     config = load_config("ptb", settings={"treebank_dir": "t", "decoding.alpha": 0.5})
     (tmp_path / "config.json").write_text(config.to_json())
@@ -276,6 +278,7 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         "alpha": 0.5,
         "extra_length": 600,
         "tree_constraint": True,
+        **lengths,
     }
     for bad, message in [
         ("[1]", "not a run's config.json"),
@@ -283,6 +286,8 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         ('{"decoding": {"beam_size": null}}', "beam_size may not be null"),
         ('{"decoding": {"alpha": -1}}', "alpha must be at least 0.0"),
         ('{"decoding": {"tree_constraint": 1}}', "tree_constraint"),
+        ('{"decoding": {"penalty_form": "gnmt2"}}', "penalty_form"),
+        ('{"decoding": {"max_output_length": -1}}', "max_output_length must be at least 0"),
         ('{"batching": [640]}', "batching is not an object"),
     ]:
         (tmp_path / "config.json").write_text(bad)

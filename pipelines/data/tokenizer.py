@@ -151,16 +151,23 @@ def sides(tokenizer):
 
 
 def load_tokenizers(model_path):
-    """A run's tensorflow-text tokenizers: one, or a `Sides` where it has one a side.
+    """A run's tensorflow-text tokenizers: one, or a `Sides` where it has one a side; each
+    keeps language codes whole where its vocabulary has them (`LanguageCodes`).
 
     Args:
         model_path: str, the run's (source or shared) `.model` file; the
             target's is found beside it (`target_vocabulary_path`).
     """
+    from pipelines.data.language_codes import LanguageCodes, has_language_codes
+
+    def load(path):  # language codes kept whole where the vocabulary has them
+        tokenizer = load_tokenizer(path)
+        return LanguageCodes(tokenizer) if has_language_codes(path) else tokenizer
+
     target = target_vocabulary_path(model_path)
     if target == model_path:
-        return load_tokenizer(model_path)
-    return Sides(load_tokenizer(model_path), load_tokenizer(target))
+        return load(model_path)
+    return Sides(load(model_path), load(target))
 
 
 def vocabulary_size(model_path):

@@ -29,6 +29,7 @@ import shutil
 
 import numpy as np
 
+from pipelines.data.language_codes import has_language_codes, split_language_code
 from pipelines.data.tokenizer import check_special_ids
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
@@ -296,6 +297,7 @@ class CTranslate2Translator:
         self.target_processor = sentencepiece.SentencePieceProcessor(
             model_file=target_vocabulary_path(vocabulary)
         )
+        self.language_codes = has_language_codes(vocabulary)
         with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as handle:
             options = json.load(handle)
             # Folders written by 0.1.0 name it max_length.
@@ -307,6 +309,14 @@ class CTranslate2Translator:
                 self.max_output_length -= 1
             self.search = {"beam_size": options.get("beam_size", 4)}
             self.search["length_penalty"] = options.get("alpha", 0.6)
+
+    def _pieces(self, sentences):
+        """Source pieces, a leading language code kept whole where the vocabulary has codes."""
+        if not self.language_codes:
+            return self.processor.encode(sentences, out_type=str)
+        split = [split_language_code(sentence) for sentence in sentences]
+        rests = self.processor.encode([rest for _, rest in split], out_type=str)
+        return [code + rest for (code, _), rest in zip(split, rests, strict=True)]
 
     def translate(self, sentences, beam_size=None, length_penalty=None, batch_size=64):
         """Translates `sentences` (list of str) in order.
@@ -321,9 +331,7 @@ class CTranslate2Translator:
         Returns:
             `(translations, scores, token_counts)`: lists of str, float, int.
         """
-        pieces = [
-            p[: self.max_source_length - 1] for p in self.processor.encode(sentences, out_type=str)
-        ]
+        pieces = [p[: self.max_source_length - 1] for p in self._pieces(sentences)]
         longest = max((len(p) for p in pieces), default=0)
         # The SavedModel's limit: the source length (EOS included) + extra_length, or the
         # run's max_output_length. (CTranslate2 has one limit for a batch.)

@@ -58,6 +58,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding.steps import PENALTY_FORMS
+from pipelines.data.language_codes import LanguageCodes, has_language_codes
 from pipelines.data.tokenizer import Sides, check_special_ids, sides
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
@@ -252,9 +253,11 @@ def _form_offset(form, default):
 
 
 def _tokenizer(path, name=None):
-    """A tensorflow-text tokenizer holding the SentencePiece file's bytes in the graph."""
+    """A tensorflow-text tokenizer holding the SentencePiece file's bytes in the graph; one
+    that keeps language codes whole for a vocabulary that has them (`LanguageCodes`)."""
     with open(path, "rb") as handle:
-        return tf_text.SentencepieceTokenizer(model=handle.read(), name=name)
+        tokenizer = tf_text.SentencepieceTokenizer(model=handle.read(), name=name)
+    return LanguageCodes(tokenizer) if has_language_codes(path) else tokenizer
 
 
 def _exported_model(model, sentencepiece_path, quantize):

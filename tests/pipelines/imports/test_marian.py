@@ -34,6 +34,8 @@ SHAPES = {
 }  # fmt: skip
 # Their `length_penalty` (transformers' default 1 where they set none).
 SHAPES_ALPHA = {name: shape.get("length_penalty", 1.0) for name, shape in SHAPES.items()}
+# Target-language codes of the shared model's vocabulary.
+CODES = [">>fra<<", ">>deu<<"]
 # The random models' `max_length` (generate's, the start token included).
 MAX_LENGTH = 24
 
@@ -72,6 +74,10 @@ def marian_folder(
     target_file = root / ("target.model" if separate else "source.model")
     (folder / "target.spm").write_bytes(target_file.read_bytes())
     vocabulary = marian_vocabulary(source) if separate else marian_vocabulary(source, target)
+    if not separate:  # a multilingual model's target-language codes, one piece each
+        pad_piece = vocabulary.popitem()[0]
+        vocabulary.update({code: len(vocabulary) + i for i, code in enumerate(CODES)})
+        vocabulary[pad_piece] = len(vocabulary)
     target_vocabulary = marian_vocabulary(target) if separate else vocabulary
     pad = len(vocabulary) - 1
     if separate:  # one padding id serves both sides: the larger target's <pad> sits at it
@@ -213,6 +219,36 @@ def test_the_export_decodes_with_the_models_generation_settings_as_generate(
         assert 0 < at_limit < len(HELD_OUT)
         texts = [text.decode("utf-8") for text in ours]
         assert agreement(texts, theirs) >= 0.98, (num_beams, agreement(texts, theirs))
+
+
+def test_language_codes_are_kept_whole_as_marian_tokenizer_keeps_them(imported, tmp_path, capsys):
+    if imported["separate"]:
+        pytest.skip("the codes are in the shared model's vocabulary")
+    from pipelines.serving.ctranslate2 import CTranslate2Translator
+
+    tokenizer, run = imported["tokenizer"], imported["run"]
+    coded = [f"{code} {text}" for code in CODES for text in HELD_OUT[:16]]
+    coded += [">>xyz<< unknown code", "no >>fra<< code at the start"]
+    expected = [tokenizer.convert_ids_to_tokens(ids[:-1]) for ids in tokenizer(coded).input_ids]
+    assert expected[0][0] == CODES[0] and expected[16][0] == CODES[1]
+    assert export.main(["--run-dir", str(run), "--base", str(tmp_path), "--name", "m"]) == 0
+    assert ctranslate2_export.main(["--run-dir", str(run), "--output", str(tmp_path / "ct2")]) == 0
+    capsys.readouterr()
+    loaded = tf.saved_model.load(str(tmp_path / "m" / "1"))
+    aligned = loaded.signatures["align"](
+        inputs=tf.constant(coded), prefixes=tf.constant([""] * len(coded))
+    )
+    pieces = [[p.decode() for p in row if p] for row in aligned["source_pieces"].numpy()]
+    assert pieces == expected
+    # CTranslate2 takes pieces as text, and reads those its vocabulary lacks as <unk>.
+    known = tokenizer.get_vocab()
+    ct2_pieces = CTranslate2Translator(str(tmp_path / "ct2"))._pieces(coded)
+    assert [[p if p in known else "<unk>" for p in row] for row in ct2_pieces] == expected
+    texts = [t.decode() for t in aligned["translations"].numpy()]
+    theirs, _ = generated(imported, coded, 4)
+    assert agreement(texts, theirs) >= 0.98
+    scores = aligned["scores"].numpy()
+    assert np.abs(scores[:16] - scores[16:32]).min() > 1e-4  # the code reaches the model
 
 
 def test_the_ctranslate2_export_decodes_as_generate(imported, tmp_path, capsys):

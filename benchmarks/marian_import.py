@@ -18,8 +18,9 @@ process:
    by `MarianMTModel.generate` (PyTorch) and by CTranslate2 (its own converter
    of the same folder), each on `--threads` threads, the engines in turn, the
    median of `--repeats`. A random model never ends a sentence, so every
-   engine decodes to the same limit a batch: its longest source (end of
-   sentence included) plus `--extra-length` pieces.
+   engine decodes to one limit, `--max-output-length` pieces a sentence, and
+   the benchmark checks on the first batch that the engines' outputs have the
+   same lengths (the SavedModel's search run by Keras on the same ids).
 
 Writes benchmarks/results/marian_import.json.
 """
@@ -136,8 +137,14 @@ def logits_difference(ours, model, tokenizer, sources, targets):
     return float(np.max(np.abs(logits[real] - expected[real])))
 
 
-def engines(run, folder, model, tokenizer, work, threads, extra_length):
-    """`{name: translate(batch, beam) -> list of str}` for the three engines."""
+def engines(run, folder, model, tokenizer, work, threads, limit):
+    """`{name: translate(batch, beam) -> (texts, output pieces of each)}` for the three engines.
+
+    Every engine produces at most `limit` target pieces a sentence, the end
+    included, whatever the sentence; a random model never ends one, so each
+    decodes `limit` steps and the engines do equal work (their outputs'
+    lengths are returned to check it).
+    """
     import ctranslate2
     import tensorflow as tf
     import torch
@@ -146,42 +153,67 @@ def engines(run, folder, model, tokenizer, work, threads, extra_length):
     from pipelines.training.checkpoints import load_checkpoint
 
     torch.set_num_threads(threads)
-    path = export(
-        Translator(load_checkpoint(os.path.join(run, "model.keras")),
-                   os.path.join(run, "sentencepiece.model"), 512, extra_length=extra_length),
-        os.path.join(work, "saved_models", "marian"),
+    keras_model = load_checkpoint(os.path.join(run, "model.keras"))
+    translator = Translator(
+        keras_model,
+        os.path.join(run, "sentencepiece.model"), 512, lengths={"max_output_length": limit},
     )  # fmt: skip
+    path = export(translator, os.path.join(work, "saved_models", "marian"))
     translate = tf.saved_model.load(path).signatures["translate"]
     ct2_path = os.path.join(work, "ct2")
     ctranslate2.converters.TransformersConverter(folder).convert(ct2_path)
     ct2 = ctranslate2.Translator(ct2_path, device="cpu", intra_threads=threads)
 
-    def limit(batch):
-        return max(len(ids) for ids in tokenizer(batch)["input_ids"]) + extra_length
-
     def ours(batch, beam):
         outputs = translate(inputs=tf.constant(batch), beam_size=tf.constant(beam),
                             alpha=tf.constant(0.0), penalty_form=tf.constant(""))  # fmt: skip
-        return [t.decode("utf-8") for t in outputs["translations"].numpy()]
+        return [t.decode("utf-8") for t in outputs["translations"].numpy()], None
+
+    def our_lengths(batch, beam):
+        """The pieces of each output of the SavedModel's search, run by Keras on the same ids."""
+        import numpy as np
+
+        from keras_transformer import beam_search
+
+        ids = tokenizer(batch, return_tensors="np", padding=True)["input_ids"]
+        ids = np.where(ids == model.config.pad_token_id, keras_model.pad_id, ids)
+        tokens = beam_search(keras_model, ids, beam_size=beam, alpha=0.0, max_output_length=limit)
+        return (np.asarray(tokens[0])[:, 0] != keras_model.pad_id).sum(axis=1).tolist()
 
     def theirs(batch, beam):
         inputs = tokenizer(batch, return_tensors="pt", padding=True)
         with torch.no_grad():
             generated = model.generate(
-                **inputs, num_beams=beam, do_sample=False, max_new_tokens=limit(batch),
-                length_penalty=0.0, early_stopping=True,
+                **inputs, num_beams=beam, do_sample=False, max_new_tokens=limit,
+                length_penalty=0.0, early_stopping=True, forced_eos_token_id=None,
             )  # fmt: skip
-        return tokenizer.batch_decode(generated, skip_special_tokens=True)
+        lengths = (generated[:, 1:] != model.config.pad_token_id).sum(axis=1).tolist()
+        return tokenizer.batch_decode(generated, skip_special_tokens=True), lengths
 
     def ctranslate(batch, beam):
         ids = tokenizer(batch)["input_ids"]
         pieces = [tokenizer.convert_ids_to_tokens(row) for row in ids]  # </s> included
         results = ct2.translate_batch(
-            pieces, beam_size=beam, length_penalty=0.0, max_decoding_length=limit(batch)
-        )
-        return [tokenizer.convert_tokens_to_string(r.hypotheses[0]) for r in results]
+            pieces, beam_size=beam, length_penalty=0.0, max_decoding_length=limit,
+            return_end_token=True,
+        )  # fmt: skip
+        hypotheses = [r.hypotheses[0] for r in results]
+        texts = [tokenizer.convert_tokens_to_string(h) for h in hypotheses]
+        return texts, [len(h) for h in hypotheses]
 
-    return {"savedmodel": ours, "transformers": theirs, "ctranslate2": ctranslate}
+    return {"savedmodel": ours, "transformers": theirs, "ctranslate2": ctranslate}, our_lengths
+
+
+def output_lengths(calls, our_lengths, batch):
+    """Mean output pieces a sentence of each engine and beam on `batch`; an error where they
+    differ."""
+    means = {}
+    for (name, call), beam in ((item, beam) for item in calls.items() for beam in (1, 4)):
+        lengths = our_lengths(batch, beam) if name == "savedmodel" else call(batch, beam)[1]
+        means[f"{name}_beam{beam}"] = sum(lengths) / len(lengths)
+    if max(means.values()) - min(means.values()) > 0.5:
+        raise SystemExit(f"the engines decoded unequal lengths (pieces a sentence): {means}")
+    return means
 
 
 def main(argv=None):
@@ -191,7 +223,9 @@ def main(argv=None):
     parser.add_argument("--pieces", type=int, default=7000, help="SentencePiece pieces a side")
     parser.add_argument("--sentences", type=int, default=128, help="test sentences translated")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--extra-length", type=int, default=20)
+    parser.add_argument(
+        "--max-output-length", type=int, default=40, help="target pieces a sentence, every engine"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shape", default=json.dumps(OPUS_MT), help="JSON: the model's sizes")
@@ -213,9 +247,12 @@ def main(argv=None):
         import_seconds, peak = timed_import(folder, run)
         ours = keras.saving.load_model(os.path.join(run, "model.keras"))
         difference = logits_difference(ours, model, tokenizer, sources[:16], sources[:16])
-        calls = engines(run, folder, model, tokenizer, work, args.threads, args.extra_length)
+        calls, our_lengths = engines(
+            run, folder, model, tokenizer, work, args.threads, args.max_output_length
+        )
         size = args.batch_size
         batches = [sources[i : i + size] for i in range(0, len(sources), size)]
+        lengths = output_lengths(calls, our_lengths, batches[0])
         seconds = {(name, beam): [] for name in calls for beam in (1, 4)}
         for name, beam in seconds:  # trace and warm up
             calls[name](batches[0][:2], beam)
@@ -244,6 +281,8 @@ def main(argv=None):
             "sentences": len(sources),
             "batch_size": args.batch_size,
             "threads": args.threads,
+            "max_output_length": args.max_output_length,
+            "output_pieces_per_sentence": {k: round(v, 2) for k, v in lengths.items()},
             "sentences_per_second": {k: round(v, 2) for k, v in rates.items()},
             "ratios": {k: round(v, 3) for k, v in ratios.items()},
         },

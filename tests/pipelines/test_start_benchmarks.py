@@ -30,10 +30,12 @@ def test_marian_import_smoke(multi30k_dir, tmp_path):
     shape = json.dumps({"layers": 1, "d_model": 32, "heads": 2, "ffn": 64, "vocabulary": 600})
     argv = ["--multi30k-dir", multi30k_dir, "--shape", shape, "--pieces", "200",
             "--train-sentences", "2000", "--sentences", "6", "--batch-size", "3",
-            "--repeats", "1", "--extra-length", "3", "--output", str(output)]  # fmt: skip
+            "--repeats", "1", "--max-output-length", "5", "--output", str(output)]  # fmt: skip
     assert marian_import.main(argv) == 0
     result = read(output)
     assert result["logits_max_difference"] < 1e-4 and result["import_seconds"] > 0
+    # Equal work: every engine's outputs have the limit's length (a random model never ends).
+    assert set(result["output_pieces_per_sentence"].values()) == {5}
     assert set(result["sentences_per_second"]) == {
         f"{engine}_beam{beam}"
         for engine in ("savedmodel", "transformers", "ctranslate2")

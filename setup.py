@@ -67,6 +67,8 @@ setup(
         # The TensorFlow pipelines: data, training, export, serving, commands.
         "tensorflow": TENSORFLOW,
         "ctranslate2": ["ctranslate2>=4.5,<5"],
+        # `keras_transformer.tokenizers` on its own (the TensorFlow extra has it too).
+        "tokenizers": ["sentencepiece>=0.2,<0.3"],
         "test": TENSORFLOW
         + [
             "keras-hub>=0.21,<1",

@@ -10,9 +10,9 @@ import re
 import sys
 
 import keras_transformer
-from keras_transformer import decoding, layers
+from keras_transformer import decoding, layers, tokenizers
 
-MODULES = (keras_transformer, layers, decoding)
+MODULES = (keras_transformer, layers, decoding, tokenizers)
 # The pages after the index, in its order: file, title, the module whose docstring opens the page
 # (or None), public names. Every public name is on one page; a test keeps each under 15 KB.
 PAGES = (
@@ -26,6 +26,8 @@ PAGES = (
     ("decoding-helpers.md", "Decoding: constraints and the helpers the searches share", None,
      "BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
      "RecomputedSteps guide ban_special_tokens end_at_limit force_prefix gather_rows write_column"),
+    ("tokenizers.md", "Tokenizers: your text to the model's ids and back", tokenizers,
+     "train_sentencepiece SentencePieceTokenizer SPECIAL_IDS"),
     ("training.md", "Training: schedule, optimizer, loss, metric", None,
      "TransformerSchedule transformer_optimizer LabelSmoothedCrossEntropy MaskedAccuracy"),
 )  # fmt: skip

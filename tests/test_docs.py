@@ -79,3 +79,12 @@ def test_every_python_block_in_the_docs_runs_in_a_test():
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     with_python = {p.name for p in pages if "```python" in p.read_text(encoding="utf-8")}
     assert with_python <= tested, with_python - tested
+
+
+def test_your_own_text_runs_from_sentences_to_translations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace = run_python_blocks(ROOT / "docs" / "your-own-text.md")
+    # The few pairs were learnt by heart: greedy and beam search give the targets back as text.
+    assert namespace["translations"] == namespace["targets"]
+    best = namespace["tokenizer"].decode(namespace["best"])  # (B, 2) hypotheses
+    assert [hypotheses[0] for hypotheses in best] == namespace["targets"]

@@ -15,6 +15,7 @@ ids as they are). The files are ordinary SentencePiece models: `kt export
 --model MODEL.keras --sentencepiece FILE` serves a model trained with one.
 """
 
+import io
 import os
 
 import numpy as np
@@ -69,21 +70,24 @@ def train_sentencepiece(
     """
     if (texts is None) == (files is None):
         raise ValueError("train_sentencepiece takes texts or files, one of the two")
-    given = sorted(set(options) & {*SPECIAL_IDS, "pad_piece", "unk_piece", "bos_piece"})
+    given = sorted(
+        set(options) & {*SPECIAL_IDS, "pad_piece", "unk_piece", "bos_piece", "eos_piece"}
+    )
     if given:
         raise ValueError(f"the special ids are the model's {SPECIAL_IDS}; do not set {given}")
     sentencepiece = _sentencepiece()
     source = {"input": ",".join(files)} if files else {"sentence_iterator": _nonempty(texts)}
-    os.makedirs(os.path.dirname(os.path.abspath(model_path)) or ".", exist_ok=True)
-    with open(model_path, "wb") as handle:
-        try:
-            sentencepiece.SentencePieceTrainer.train(
-                **source, model_writer=handle, vocab_size=vocabulary_size,
-                model_type=model_type, character_coverage=character_coverage,
-                minloglevel=2, **SPECIAL_IDS, **options,
-            )  # fmt: skip
-        except RuntimeError as error:
-            raise ValueError(f"SentencePiece training failed: {error}") from None
+    buffer = io.BytesIO()
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            **source, model_writer=buffer, vocab_size=vocabulary_size, model_type=model_type,
+            character_coverage=character_coverage, minloglevel=2, **SPECIAL_IDS, **options,
+        )  # fmt: skip
+    except RuntimeError as error:
+        raise ValueError(f"SentencePiece training failed: {error}") from None
+    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+    with open(model_path, "wb") as handle:  # written only once trained
+        handle.write(buffer.getvalue())
     return SentencePieceTokenizer(model_path)
 
 
@@ -170,11 +174,12 @@ class SentencePieceTokenizer:
         Returns:
             list of str (of lists of str for `(B, N, T)`).
         """
-        token_ids = np.asarray(ops.convert_to_numpy(token_ids))
-        if token_ids.ndim == 3:
+        if not isinstance(token_ids, list):  # a list may be ragged
+            token_ids = np.asarray(ops.convert_to_numpy(token_ids)).tolist()
+        if token_ids and token_ids[0] and isinstance(token_ids[0][0], list):  # (B, N, T)
             return [self.decode(row) for row in token_ids]
         texts = []
-        for row in token_ids.tolist():
+        for row in token_ids:
             if self.eos_id in row:
                 row = row[: row.index(self.eos_id)]
             kept = [i for i in row if i not in (self.pad_id, self.bos_id)]

@@ -58,6 +58,7 @@ def test_decode_stops_at_the_end_and_drops_padding(tokenizer):
     hypotheses = np.stack([labels, labels[::-1]], axis=1)  # (B, N, T)
     assert tokenizer.decode(hypotheses) == [texts, texts[::-1]]
     assert tokenizer.decode([[2, 1, 3]]) == [" ⁇ "]  # the unknown piece, as SentencePiece writes it
+    assert tokenizer.decode([[2, 3], labels[0].tolist()]) == ["", texts[0]]  # ragged lists
 
 
 def test_a_model_takes_the_arrays_and_its_search_output_decodes_to_text(tokenizer):
@@ -95,6 +96,7 @@ def test_bad_settings_and_files_are_named(tokenizer, tmp_path):
         train_sentencepiece(["a"], str(tmp_path / "x.model"), pad_id=3)
     with pytest.raises(ValueError, match="SentencePiece training failed"):
         train_sentencepiece(["", ""], str(tmp_path / "x.model"), vocabulary_size=50)
+    assert not (tmp_path / "x.model").exists()  # nothing written by a failed training
     plain = tmp_path / "plain"
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter([text for pair in PAIRS for text in pair]),

@@ -9,6 +9,7 @@ from keras_transformer.decoding.steps import (
     gather_rows,
     guide,
     length_penalty,
+    penalty_offset,
     prepare_search,
 )
 
@@ -115,6 +116,7 @@ def greedy_search(
         no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
         banned_tokens,
     )  # fmt: skip
+    penalty_offset(penalty_form)  # checks it, scores asked for or not
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(
         model, source_ids, most_probable, *options, return_attention, constraint, controls,

@@ -372,6 +372,9 @@ def score_hypotheses(
         return_token_log_probs: bool, also return each token's log-probability.
         penalty_form: "gnmt" or "power", the length penalty's form (`length_penalty`).
 
+    A hypothesis ended by `end_at_limit` scores its forced end by the model's
+    log-probability here, where the search scored it 0.
+
     Returns:
         float32 `(B,)` log-probabilities divided by `length_penalty`; with
         `return_token_log_probs`, also float32 `(B, T)` log-probabilities of
@@ -386,7 +389,6 @@ def score_hypotheses(
     picked = ops.take_along_axis(log_probs, target_ids[..., None], axis=-1)[..., 0]
     real = ops.not_equal(target_ids, model.pad_id)
     picked = ops.where(real, picked, 0.0)  # (B, T)
-    scores = ops.sum(picked, axis=1) / length_penalty(
-        ops.sum(ops.cast(real, "int32"), axis=1), alpha, penalty_form
-    )
+    lengths = ops.maximum(ops.sum(ops.cast(real, "int32"), axis=1), 1)  # (B,) an empty one: 1
+    scores = ops.sum(picked, axis=1) / length_penalty(lengths, alpha, penalty_form)
     return (scores, picked) if return_token_log_probs else scores

@@ -64,7 +64,7 @@ from pipelines.commands.resumable import (
     resume_point,
     write_lines,
 )
-from pipelines.errors import ConfigError, DataError
+from pipelines.errors import ConfigError, DataError, ExportError
 from pipelines.files import check_input_file, output_lock, prepare_output_file
 
 SAMPLING_FLAGS = ("sampling_topk", "sampling_topp", "sampling_temperature", "num_samples")
@@ -190,18 +190,21 @@ def _check_prefixes(args, version, lines, prefixes, source_name, settings):
     tokenizer = sentencepiece.SentencePieceProcessor(model_file=source_path)
     target = sentencepiece.SentencePieceProcessor(model_file=target_vocabulary_path(source_path))
     extra_length, max_source = settings["extra_length"], settings.get("max_source_length")
+    fixed, ends = settings["max_output_length"], int(settings["end_at_limit"])
     for number, (line, prefix) in enumerate(zip(lines, prefixes, strict=True), start=1):
         if not prefix:
             continue
         pieces = len(target.encode(prefix.decode("utf-8", errors="replace")))
         source = len(tokenizer.encode(line.decode("utf-8", errors="replace"))) + 1
-        limit = (min(source, max_source) if max_source else source) + extra_length
+        limit = fixed or (min(source, max_source) if max_source else source) + extra_length
         cut = f", cut at {max_source}" if max_source and source > max_source else ""
-        if pieces > limit:
+        what = f"(its source's pieces, end of sentence included{cut}, plus {extra_length})"
+        if pieces > limit - ends:  # with a forced end, the last piece is the end's
             raise DataError(
                 f"--prefix-file {args.prefix_file}, line {number}: the prefix has {pieces} "
-                f"pieces, more than the {limit} its sentence may produce (its source's pieces, "
-                f"end of sentence included{cut}, plus {extra_length})"
+                f"pieces, more than the {limit - ends} its sentence may produce "
+                f"{'before its forced end ' if ends else ''}"
+                f"{'(the export limit)' if fixed else what}"
             )
 
 
@@ -287,6 +290,11 @@ def _translate_files(args, sampling, banned):
     samples = args.num_samples or 1
     if name == "translate":
         _keep_export_settings(args, client.export_settings(version))
+        if args.penalty_form and not client.takes(signature, "penalty_form"):
+            raise ExportError(
+                f"--penalty-form: the export {version} predates it (its translate signature "
+                "has no penalty_form input): export the model again"
+            )
     with contextlib.ExitStack() as stack:
         done, out, alignments = 0, sys.stdout, None
         if args.output or args.alignments:
@@ -355,8 +363,9 @@ def _batches(args, name, signature, lines, prefixes, done, samples, banned=""):
             scalars = {
                 "beam_size": tf.constant(args.beam_size),
                 "alpha": tf.constant(args.alpha, tf.float32),
-                "penalty_form": tf.constant(args.penalty_form or ""),  # "": the export's
             }
+            if client.takes(signature, "penalty_form"):  # exports before it lack the input
+                scalars["penalty_form"] = tf.constant(args.penalty_form or "")  # "": the export's
         if name in ("prefix", "align"):
             rows["prefixes"] = (prefixes[start:end], tf.string)
         if name == "controlled":

@@ -172,12 +172,26 @@ def read_generation(folder):
 
     Returns:
         dict of `GENERATION_DEFAULTS`' names, the defaults filled in.
+
+    Raises:
+        DataError: naming the file, where a size is not a whole number.
     """
     path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):  # `generate` reads them from config.json then
         path = os.path.join(folder, "config.json")
     values = read_object(path)
-    return {name: values.get(name, default) for name, default in GENERATION_DEFAULTS.items()}
+    generation = {name: values.get(name, default) for name, default in GENERATION_DEFAULTS.items()}
+    for name, least in (("num_beams", 1), ("max_length", 2), ("max_new_tokens", 1)):
+        value = generation[name]
+        whole = isinstance(value, int) and not isinstance(value, bool) and value >= least
+        if not whole and not (name == "max_new_tokens" and value is None):
+            raise DataError(f"{path}: {name} is {json.dumps(value)}, not a whole number >= {least}")
+    if not isinstance(generation["length_penalty"], (int, float)):
+        raise DataError(f"{path}: length_penalty is {json.dumps(generation['length_penalty'])}")
+    forced = generation["forced_eos_token_id"]
+    if isinstance(forced, list):  # `generate` takes several; one end token is all there is here
+        generation["forced_eos_token_id"] = forced[0] if len(forced) == 1 else forced
+    return generation
 
 
 def decoding_settings(generation, config):
@@ -200,7 +214,7 @@ def decoding_settings(generation, config):
     """
     not_carried = []
     alpha = generation["length_penalty"]
-    if not isinstance(alpha, (int, float)) or alpha < 0:
+    if alpha < 0:
         not_carried.append(f"length_penalty={json.dumps(alpha)} (a penalty >= 0 only)")
         alpha = 0.0
     limit = generation["max_new_tokens"] or max(1, generation["max_length"] - 1)

@@ -121,6 +121,12 @@ def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):
     return results
 
 
+def takes(signature, name):
+    """Whether a loaded signature has the input `name` (exports made before it was added lack
+    it: `translate`'s `penalty_form`)."""
+    return name in signature.structured_input_signature[1]
+
+
 def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, penalty_form=""):
     """Translates byte strings in batches of similar length, returning them in order.
 
@@ -131,7 +137,7 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, p
         alpha: float, length penalty exponent.
         batch_size: int, sentences per call.
         penalty_form: str, the length penalty's form, "gnmt" or "power" ("":
-            the export's).
+            the export's; an export without the input searches with GNMT's).
 
     Returns:
         `(translations, scores)`: lists of str and float in input order.
@@ -139,8 +145,14 @@ def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, p
     scalars = {
         "beam_size": tf.constant(beam_size, tf.int32),
         "alpha": tf.constant(alpha, tf.float32),
-        "penalty_form": tf.constant(penalty_form),
     }
+    if takes(signature, "penalty_form"):
+        scalars["penalty_form"] = tf.constant(penalty_form)
+    elif penalty_form not in ("", "gnmt"):
+        raise ExportError(
+            "this export's translate signature has no penalty_form (exported before it); "
+            f"it searches with GNMT's penalty, not {penalty_form!r}: export the model again"
+        )
     outputs = call_in_batches(signature, lines, batch_size, scalars=scalars)
     translations = [text.decode("utf-8") for text in outputs.get("translations", [])]
     return translations, [float(score) for score in outputs.get("scores", [])]

@@ -303,15 +303,15 @@ class CTranslate2Translator:
             # Folders written by 0.1.0 name it max_length.
             self.max_source_length = options.get("max_source_length", options.get("max_length"))
             self.extra_length = options.get("extra_length", EXTRA_LENGTH)
-            self.max_output_length = options.get("max_output_length", 0)
-            if self.max_output_length and options.get("end_at_limit"):
-                # No forced end here: a hypothesis stops one piece earlier, without its end.
-                self.max_output_length -= 1
+            self.max_output_length = options.get("max_output_length") or None
+            # No forced end here: a hypothesis stops one piece earlier, without its end.
+            self.forced_end = int(bool(options.get("end_at_limit")))
             self.search = {"beam_size": options.get("beam_size", 4)}
             self.search["length_penalty"] = options.get("alpha", 0.6)
 
-    def _pieces(self, sentences):
-        """Source pieces, a leading language code kept whole where the vocabulary has codes."""
+    def source_pieces(self, sentences):
+        """Source pieces (list of lists of str), a leading language code kept whole where the
+        vocabulary has codes, as `translate` sends them (before truncation)."""
         if not self.language_codes:
             return self.processor.encode(sentences, out_type=str)
         split = [split_language_code(sentence) for sentence in sentences]
@@ -331,11 +331,12 @@ class CTranslate2Translator:
         Returns:
             `(translations, scores, token_counts)`: lists of str, float, int.
         """
-        pieces = [p[: self.max_source_length - 1] for p in self._pieces(sentences)]
+        pieces = [p[: self.max_source_length - 1] for p in self.source_pieces(sentences)]
         longest = max((len(p) for p in pieces), default=0)
         # The SavedModel's limit: the source length (EOS included) + extra_length, or the
         # run's max_output_length. (CTranslate2 has one limit for a batch.)
-        limit = self.max_output_length or longest + 1 + self.extra_length
+        limit = (self.max_output_length or longest + 1 + self.extra_length) - self.forced_end
+        limit = max(limit, 1)
         results = self.translator.translate_batch(
             pieces,
             max_batch_size=batch_size,

@@ -116,7 +116,7 @@ class Translator(tf.Module):
             from the source, and `kt parse` reads them back.
         quantize: str or None, "int8" or "int8-weights" to store the matrix
             weights in int8 (`pipelines.serving.quantization`); None keeps float32.
-        lengths: dict or None, how lengths count in every search:
+        lengths: dict or None, how lengths count in every search but sampling:
             `penalty_form`, `max_output_length`, `end_at_limit`
             (`translation.LENGTH_DEFAULTS`, `translate_strings`).
     """

@@ -233,7 +233,8 @@ def translate_strings(
     fixed = lengths["max_output_length"] = lengths["max_output_length"] or None  # one for all
     prefix = None
     if prefixes is not None:
-        prefix = _prefix_ids(target_tokenizer, prefixes, source, extra_length, fixed)
+        ends = lengths["end_at_limit"]
+        prefix = _prefix_ids(target_tokenizer, prefixes, source, extra_length, fixed, ends)
     # The widest output and source of any chunk, so that every chunk's
     # alignments can be padded to one width.
     source_width = tf.cast(_most(source.row_lengths()), tf.int32)
@@ -287,14 +288,16 @@ def translate_strings(
     return texts, scores, alignments
 
 
-def _prefix_ids(tokenizer, prefixes, source, extra_length, fixed):
-    """Ragged prefix ids `(B, None)`; an error naming the rows whose prefix outgrows its limit."""
+def _prefix_ids(tokenizer, prefixes, source, extra_length, fixed, ends):
+    """Ragged prefix ids `(B, None)`; an error naming the rows whose prefix outgrows its limit
+    (one piece less with `ends`, a forced end at the limit)."""
     prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
     limits = source.row_lengths() + extra_length if fixed is None else fixed
     limit = fixed or f"the source's pieces, end of sentence included, plus {extra_length}"
     refuse_rows(
-        prefix.row_lengths() > limits,
-        f"a prefix has more pieces than its sentence's output limit ({limit}); rows:",
+        prefix.row_lengths() > limits - int(bool(ends)),
+        f"a prefix has more pieces than its sentence's output limit ({limit}"
+        f"{', less its forced end' if ends else ''}); rows:",
     )
     return prefix
 

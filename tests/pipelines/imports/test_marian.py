@@ -242,7 +242,7 @@ def test_language_codes_are_kept_whole_as_marian_tokenizer_keeps_them(imported, 
     assert pieces == expected
     # CTranslate2 takes pieces as text, and reads those its vocabulary lacks as <unk>.
     known = tokenizer.get_vocab()
-    ct2_pieces = CTranslate2Translator(str(tmp_path / "ct2"))._pieces(coded)
+    ct2_pieces = CTranslate2Translator(str(tmp_path / "ct2")).source_pieces(coded)
     assert [[p if p in known else "<unk>" for p in row] for row in ct2_pieces] == expected
     texts = [t.decode() for t in aligned["translations"].numpy()]
     theirs, _ = generated(imported, coded, 4)
@@ -333,6 +333,8 @@ def test_what_cannot_be_imported_is_refused_with_one_line(imported, tmp_path, ca
         ("source.spm", b"not a model at all", "source.spm: not a SentencePiece model"),
         ("model.safetensors", b"\x00" * 64, "model.safetensors: not a readable safetensors"),
         ("config.json", None, "fc1.weight has shape (64, 32),"),  # not the weights' sizes
+        ("generation_config.json", b'{"num_beams": null}', "num_beams is null, not a whole"),
+        ("generation_config.json", b'{"max_length": 1}', "max_length is 1, not a whole number"),
     ],
 )
 def test_a_malformed_model_folder_is_refused_naming_the_file_before_anything_is_written(

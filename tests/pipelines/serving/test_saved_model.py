@@ -18,7 +18,7 @@ from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, controls_on
 from pipelines.serving.saved_model import Translator, export
-from pipelines.serving.translation import decode, encode
+from pipelines.serving.translation import decode, encode, translate_strings
 from pipelines.serving.versions import next_version
 from pipelines.serving.warmup import batcher_accepts, read_warmup_requests
 from tests.pipelines.conftest import tiny_translation_model
@@ -204,6 +204,34 @@ def test_the_translate_signature_takes_the_length_penalty_form_per_request(expor
             inputs=tf.constant(sentences), beam_size=tf.constant(4),
             alpha=tf.constant(1.0), penalty_form=tf.constant("GNMT"),
         )  # fmt: skip
+
+
+def test_a_forced_end_leaves_a_prefix_one_piece_less(exported):
+    translator, model, _, _ = exported
+    sentences, prefixes = tf.constant([b"4:08 PM", b"12.5%"]), tf.constant([b"", b"16:08"])
+    pieces = int(encode(translator.tokenizer, prefixes, None).row_lengths()[1])
+    lengths = {"max_output_length": pieces, "end_at_limit": False}
+    texts, _ = translate_strings(model, translator.tokenizer, sentences, 1, 0.6,
+                                 prefixes=prefixes, lengths=lengths)  # fmt: skip
+    assert texts.numpy()[1, 0].decode().startswith("16")  # the limit holds the prefix
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"less its forced end\); rows:"):
+        translate_strings(model, translator.tokenizer, sentences, 1, 0.6, prefixes=prefixes,
+                          lengths={**lengths, "end_at_limit": True})  # fmt: skip
+
+
+def test_translate_command_refuses_the_penalty_form_for_an_export_before_it(
+    exported, tmp_path, monkeypatch, capsys
+):
+    from pipelines import cli
+    from pipelines.serving import client
+
+    monkeypatch.setattr(client, "takes", lambda signature, name: False)  # an older export
+    source = write_lines(tmp_path / "in.txt", [b"4:08 PM"])
+    argv = ["translate", "--model", exported[3], "--input", source, "--penalty-form", "power"]
+    assert cli.main(argv) == 2
+    assert "--penalty-form: the export" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="has no penalty_form"):
+        client.translate_lines(None, [b"4:08 PM"], penalty_form="power")
 
 
 def keras_prefix_search(translator, model, sentences, prefixes):

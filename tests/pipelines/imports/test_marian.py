@@ -260,8 +260,8 @@ def test_the_ctranslate2_export_decodes_as_generate(imported, tmp_path, capsys):
     capsys.readouterr()
     translator = CTranslate2Translator(str(out))
     # Beam search stops by CTranslate2's rule (once 4 hypotheses have ended), not generate's,
-    # and has no forced end at the limit: 54 and 63 of the 64 best hypotheses agree.
-    for num_beams, least in ((1, 0.98), (4, 0.8)):
+    # and has no forced end at the limit: 63 of the 64 best hypotheses agree for each model.
+    for num_beams, least in ((1, 0.98), (4, 0.9)):
         texts = translator.translate(HELD_OUT, beam_size=num_beams)[0]
         theirs, _ = generated(imported, HELD_OUT, num_beams)
         assert agreement(texts, theirs) >= least, (num_beams, agreement(texts, theirs))

@@ -132,8 +132,9 @@ class TokenEmbedding(keras.layers.Layer):
 
     def call(self, inputs, reverse=False):
         quantized = self.quantization_mode is not None
-        embeddings = ops.cast(self.embeddings, self.compute_dtype)
         if reverse:
+            embeddings = ops.cast(self.embeddings, self.compute_dtype)  # (V, D), the whole table
+
             # x (q / s)^T = (x q^T) / s, one scale a token, i.e. a column of logits.
             def project(rows):
                 logits = ops.matmul(rows, ops.transpose(embeddings))
@@ -143,7 +144,8 @@ class TokenEmbedding(keras.layers.Layer):
 
             return apply_to_rows(project, inputs)  # (B, T, V)
         ids = ops.cast(inputs, "int32")
-        outputs = ops.take(embeddings, ids, axis=0)  # (B, T, D)
+        # The rows looked up, then cast: an int8 table is read a row at a time, not converted.
+        outputs = ops.cast(ops.take(self.embeddings, ids, axis=0), self.compute_dtype)  # (B, T, D)
         if quantized:
             scale = ops.take(ops.cast(self.embeddings_scale, outputs.dtype), ids, axis=0)
             outputs = outputs / ops.expand_dims(scale, -1)

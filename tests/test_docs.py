@@ -75,7 +75,7 @@ def test_the_decoding_guide_runs(tmp_path, monkeypatch):
 def test_every_python_block_in_the_docs_runs_in_a_test():
     """Core pages run here on every backend; pages that need TensorFlow in tests/pipelines."""
     # tf-serving.md's gRPC requests: tests/pipelines/serving/test_saved_model.py.
-    tested = {"README.md", "decoding.md", "training.md", "tf-serving.md"}
+    tested = {"README.md", "decoding.md", "training.md", "tf-serving.md", "your-own-text.md"}
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     with_python = {p.name for p in pages if "```python" in p.read_text(encoding="utf-8")}
     assert with_python <= tested, with_python - tested

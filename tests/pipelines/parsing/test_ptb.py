@@ -97,13 +97,17 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
     assert len(words) > 10 and tags & words <= {".", ","}  # punctuation is its own tag
 
 
+# How lengths count in an export that sets none (GNMT's penalty, each source's own limit).
+LENGTHS = {"penalty_form": "gnmt", "max_output_length": 0, "end_at_limit": False}
+
+
 def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path, capsys):
     root, _, _ = ptb_run
     version = str(root / "saved" / "ptb" / "1")
     settings = client.export_settings(version)
     assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
                         "max_source_length": 1100, "tree_constraint": True,
-                        "tree_words": True, "quantize": None}  # fmt: skip
+                        "tree_words": True, "quantize": None, **LENGTHS}  # fmt: skip
     loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3
@@ -126,7 +130,7 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
 def test_exports_without_a_settings_file_searched_as_before(tmp_path):
     assert client.export_settings(str(tmp_path)) == {
         "beam_size": 4, "alpha": 0.6, "nbest": 4, "extra_length": 50, "tree_constraint": False,
-        "tree_words": False,
+        "tree_words": False, **LENGTHS,
     }  # fmt: skip
     (tmp_path / "assets.extra").mkdir()
     (tmp_path / "assets.extra" / "keras_transformer.json").write_text("[]")

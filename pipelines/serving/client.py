@@ -123,8 +123,9 @@ def call_in_batches(signature, lines, batch_size=1024, rows=None, scalars=None):
 
 def takes(signature, name):
     """Whether a loaded signature has the input `name` (exports made before it was added lack
-    it: `translate`'s `penalty_form`)."""
-    return name in signature.structured_input_signature[1]
+    it: `translate`'s `penalty_form`); a plain callable standing in for one is taken to."""
+    spec = getattr(signature, "structured_input_signature", None)
+    return spec is None or name in spec[1]
 
 
 def translate_lines(signature, lines, beam_size=4, alpha=0.6, batch_size=1024, penalty_form=""):

@@ -21,7 +21,12 @@ import os
 import numpy as np
 from keras import ops
 
-__all__ = ["SPECIAL_IDS", "SentencePieceTokenizer", "train_sentencepiece"]
+__all__ = [
+    "SPECIAL_IDS",
+    "SentencePieceTokenizer",
+    "sentencepiece_model_bytes",
+    "train_sentencepiece",
+]
 
 # The ids the model and `kt export` expect, in SentencePiece's training options' names.
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
@@ -68,6 +73,34 @@ def train_sentencepiece(
         ValueError: neither or both of `texts` and `files`, a special id
             given in `options`, or nothing to train on.
     """
+    data = sentencepiece_model_bytes(
+        texts, vocabulary_size, files, model_type, character_coverage, **options
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+    with open(model_path, "wb") as handle:  # written only once trained
+        handle.write(data)
+    return SentencePieceTokenizer(model_path)
+
+
+def sentencepiece_model_bytes(
+    texts=None,
+    vocabulary_size=8000,
+    files=None,
+    model_type="bpe",
+    character_coverage=1.0,
+    **options,
+):
+    """A trained SentencePiece model file's bytes, with the model's special ids.
+
+    What `train_sentencepiece` writes (its arguments but the path), for a
+    caller that writes the file its own way.
+
+    Returns:
+        bytes, a `.model` file.
+
+    Raises:
+        ValueError: as `train_sentencepiece`.
+    """
     if (texts is None) == (files is None):
         raise ValueError("train_sentencepiece takes texts or files, one of the two")
     given = sorted(
@@ -85,10 +118,7 @@ def train_sentencepiece(
         )  # fmt: skip
     except RuntimeError as error:
         raise ValueError(f"SentencePiece training failed: {error}") from None
-    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
-    with open(model_path, "wb") as handle:  # written only once trained
-        handle.write(buffer.getvalue())
-    return SentencePieceTokenizer(model_path)
+    return buffer.getvalue()
 
 
 def _nonempty(texts):

@@ -27,7 +27,7 @@ PAGES = (
      "BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
      "RecomputedSteps guide ban_special_tokens end_at_limit force_prefix gather_rows write_column"),
     ("tokenizers.md", "Tokenizers: your text to the model's ids and back", tokenizers,
-     "train_sentencepiece SentencePieceTokenizer SPECIAL_IDS"),
+     "train_sentencepiece SentencePieceTokenizer sentencepiece_model_bytes SPECIAL_IDS"),
     ("training.md", "Training: schedule, optimizer, loss, metric", None,
      "TransformerSchedule transformer_optimizer LabelSmoothedCrossEntropy MaskedAccuracy"),
 )  # fmt: skip

@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 
+from keras_transformer.decoding.steps import PENALTY_FORMS
 from pipelines.commands import run
 from pipelines.commands.arguments import (
     add_run_arguments,
@@ -48,7 +49,7 @@ def _parse(argv, prog):
     )
     parser.add_argument(
         "--penalty-form",
-        choices=["gnmt", "power"],
+        choices=sorted(PENALTY_FORMS),
         help="length penalty: gnmt ((5 + |Y|) / 6) ** alpha, or power |Y| ** alpha "
         "(transformers'); defaults to the run's",
     )

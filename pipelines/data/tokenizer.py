@@ -7,7 +7,6 @@ tf.data and inside the exported SavedModel with tensorflow-text's
 """
 
 import collections
-import io
 import os
 from typing import NamedTuple
 
@@ -15,14 +14,15 @@ import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from keras_transformer.tokenizers import SPECIAL_IDS, sentencepiece_model_bytes
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import DataError
 from pipelines.files import atomic_output
 
 # The ids the Transformer model expects by default (pad_id, bos_id, eos_id).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-# The same ids as SentencePiece's trainer options: the vocabulary reserves them.
-_SPECIAL_IDS = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = (
+    SPECIAL_IDS[name] for name in ("pad_id", "unk_id", "bos_id", "eos_id")
+)
 # SentencePiece's mark of a word's start (U+2581).
 WORD_MARK = "\u2581"
 
@@ -59,39 +59,30 @@ def train_sentencepiece(
     """
     count = 0
 
-    def nonempty():  # a stream: SentencePiece keeps its own copy, no list is made here
+    def counted():  # a stream: SentencePiece keeps its own copy, no list is made here
         nonlocal count
         for sentence in sentences:
-            if sentence:
-                count += 1
-                yield sentence
+            count += bool(sentence)
+            yield sentence
 
-    buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=nonempty(),
-            model_writer=buffer,
-            vocab_size=vocabulary_size,
-            model_type=model_type,
-            character_coverage=character_coverage,
-            split_digits=split_digits,
-            input_sentence_size=max_sentences,
-            shuffle_input_sentence=True,
-            minloglevel=2,
+        data = sentencepiece_model_bytes(
+            counted(), vocabulary_size, model_type=model_type,
+            character_coverage=character_coverage, split_digits=split_digits,
+            input_sentence_size=max_sentences, shuffle_input_sentence=True,
             # With the word-boundary mark: `▁(NP` is one piece where `(NP`
             # alone would leave a `▁` piece before every token.
             user_defined_symbols=[WORD_MARK + token for token in sorted(set(whole_tokens))],
-            **_SPECIAL_IDS,
-        )
-    except RuntimeError as error:
+        )  # fmt: skip
+    except ValueError as error:
         if not count:
             raise DataError("Cannot train a SentencePiece vocabulary on an empty corpus") from None
-        raise DataError(f"SentencePiece training failed: {error}") from None
+        raise DataError(str(error)) from None
     os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
     with atomic_output(model_path) as staging:  # its presence marks the step done for a rerun
         with open(staging, "wb") as handle:
-            handle.write(buffer.getvalue())
+            handle.write(data)
     return model_path
 
 

@@ -243,13 +243,15 @@ class Translator(tf.Module):
 
 
 def _form_offset(form, default):
-    """A request's length penalty form (string scalar, "" for `default`) as its float32 offset."""
-    known = tf.reduce_any(tf.equal(form, ["", *PENALTY_FORMS]))
+    """A request's length penalty form (string scalar, "" for `default`) as its float32 offset
+    (`PENALTY_FORMS`)."""
+    matches = tf.equal(tf.where(tf.equal(form, ""), default, form), list(PENALTY_FORMS))
     tf.debugging.assert_equal(
-        known, True, message=f'penalty_form must be one of {sorted(PENALTY_FORMS)} or ""'
-    )
-    form = tf.where(tf.equal(form, ""), default, form)
-    return tf.where(tf.equal(form, "power"), PENALTY_FORMS["power"], PENALTY_FORMS["gnmt"])
+        tf.reduce_any(matches), True,
+        message=f'penalty_form must be one of {sorted(PENALTY_FORMS)} or ""',
+    )  # fmt: skip
+    offsets = tf.constant(list(PENALTY_FORMS.values()), tf.float32)
+    return tf.gather(offsets, tf.argmax(tf.cast(matches, tf.int32)))
 
 
 def _tokenizer(path, name=None):

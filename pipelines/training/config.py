@@ -21,6 +21,7 @@ import typing
 
 import keras
 
+from keras_transformer.decoding.steps import PENALTY_FORMS
 from keras_transformer.models.presets import PRESETS
 from pipelines.errors import ConfigError, DataError
 from pipelines.files import check_input_file
@@ -248,7 +249,7 @@ class DecodingConfig:
     )
     penalty_form: str = setting(
         "gnmt", "length penalty: gnmt ((5 + |Y|) / 6) ** alpha, or power |Y| ** alpha",
-        choices=("gnmt", "power"),
+        choices=tuple(PENALTY_FORMS),
     )  # fmt: skip
     max_output_length: int = setting(
         0, "the most target pieces of any sentence, the end included (0: none)", low=0

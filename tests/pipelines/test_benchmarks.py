@@ -229,7 +229,9 @@ def test_ptb_recipe_smoke(tmp_path):
     assert result["steps"] == 4
     # As the export records them: the flag's beam, the recipe's alpha and output limit.
     assert result["search"] == {"beam_size": 2, "alpha": 0.3, "nbest": 2, "extra_length": 600,
-                                "max_source_length": 1100, "tree_constraint": True,
+                                "penalty_form": "gnmt", "max_output_length": 0,
+                                "end_at_limit": False, "max_source_length": 1100,
+                                "tree_constraint": True,
                                 "tree_words": True, "quantize": None}  # fmt: skip
     assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too
     for split, sentences in (("dev", 6), ("test", 4)):

@@ -68,6 +68,9 @@ def read_lines(path):
     For small files (validation and test sets, a file to translate); a
     training corpus is streamed with `iter_lines` or `iter_parallel_lines`.
 
+    Args:
+        path: str, a UTF-8 text file; a name ending in `.gz` is read through gzip.
+
     Returns:
         list of str, the lines without their line endings.
     """

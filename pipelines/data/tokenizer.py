@@ -162,7 +162,14 @@ def load_tokenizers(model_path):
 
 
 def vocabulary_size(model_path):
-    """Returns the number of pieces in a SentencePiece model file."""
+    """Returns the number of pieces in a SentencePiece model file.
+
+    Args:
+        model_path: str, a SentencePiece `.model` file.
+
+    Returns:
+        int, the vocabulary size a model on this vocabulary needs.
+    """
     return spm.SentencePieceProcessor(model_file=model_path).get_piece_size()
 
 

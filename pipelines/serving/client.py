@@ -34,6 +34,12 @@ EARLIER_SETTINGS = {
 def load_signature(path, name="translate"):
     """The signature `name` of the SavedModel at `path` (a version or model folder).
 
+    Args:
+        path: str, a version folder (`NAME/VERSION`) or a model folder (`NAME`), whose
+            newest complete version is loaded.
+        name: str, the signature: `translate`, `nbest`, `score`, `prefix`, `align`,
+            `sample`, `controlled` or `serving_default`.
+
     Returns:
         `(version_folder, signature)`.
 

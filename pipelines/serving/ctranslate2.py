@@ -310,8 +310,14 @@ class CTranslate2Translator:
             self.search["length_penalty"] = options.get("alpha", 0.6)
 
     def source_pieces(self, sentences):
-        """Source pieces (list of lists of str), a leading language code kept whole where the
-        vocabulary has codes, as `translate` sends them (before truncation)."""
+        """Source pieces, a leading language code kept whole where the vocabulary has codes.
+
+        Args:
+            sentences: list of str.
+
+        Returns:
+            list of lists of str, the pieces `translate` sends (before truncation).
+        """
         if not self.language_codes:
             return self.processor.encode(sentences, out_type=str)
         split = [split_language_code(sentence) for sentence in sentences]

@@ -230,6 +230,7 @@ class Translator(tf.Module):
         return Sides(self.tokenizer, self.target_tokenizer)
 
     def signatures(self):
+        """`{name: tf.function}` of every signature, for `tf.saved_model.save`."""
         return {
             "serving_default": self.serve,
             "nbest": self.nbest,

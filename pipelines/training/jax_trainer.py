@@ -279,6 +279,11 @@ class JaxTrainer(TrainingLoop):
     def evaluate(self, dataset, steps=None):
         """Token-level loss and accuracy on a finite dataset (of batches as in `train_step`).
 
+        Args:
+            dataset: an iterable of batches
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+            steps: int or None, the number of batches to read (None: all).
+
         Returns:
             dict with `loss` (label-smoothed, per token), `accuracy`, `tokens`.
         """

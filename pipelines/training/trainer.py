@@ -235,6 +235,11 @@ class Trainer(TrainingLoop):
     def evaluate(self, dataset, steps=None):
         """Token-level loss and accuracy on a finite dataset, on this worker alone.
 
+        Args:
+            dataset: a finite `tf.data.Dataset` of batches
+                `((source_ids (B, S), target_input_ids (B, T)), target_output_ids (B, T))`.
+            steps: int or None, the number of batches to read (None: all).
+
         Returns:
             dict with `loss` (label-smoothed, per token), `accuracy`, `tokens`.
         """

@@ -71,6 +71,37 @@ def test_the_api_reference_is_current():
     assert max(sizes.values()) <= 15_000, f"split the pages over 15 KB (PAGES): {sizes}"
 
 
+def test_the_pipelines_reference_documents_every_argument():
+    """Each function, class and method on the pipelines' pages has an Args section naming its
+    parameters (a class's constructor arguments in its own docstring)."""
+    import inspect
+
+    from pipelines.api_reference import PIPELINE_PAGES, members
+
+    undocumented = []
+    for _, _, groups in PIPELINE_PAGES:
+        for module, names in groups:
+            for name in names.split():
+                obj = getattr(module, name)
+                entries = [(name, obj, vars(obj).get("__doc__") if inspect.isclass(obj) else None)]
+                if inspect.isclass(obj):
+                    entries += [
+                        (f"{name}.{method}", getattr(obj, method), None)
+                        for method, value in members(obj)
+                        if not isinstance(value, property)
+                    ]
+                for label, function, doc in entries:
+                    doc = doc or function.__doc__ or ""
+                    args = doc.partition("Args:")[2]
+                    parameters = inspect.signature(function).parameters
+                    for parameter in parameters.values():
+                        if parameter.name == "self" or parameter.kind == parameter.VAR_KEYWORD:
+                            continue
+                        if not re.search(rf"\b{parameter.name}\b[^:\n]*:", args):
+                            undocumented.append(f"{label}({parameter.name})")
+    assert not undocumented, f"arguments missing from Args sections: {undocumented}"
+
+
 @pytest.mark.parametrize("num_layers, hidden_dim, intermediate_dim", [(1, 8, 12), (2, 4, 6)])
 def test_the_api_reference_counts_the_preset_parameters(num_layers, hidden_dim, intermediate_dim):
     """Its count, for tiny models with each preset's other settings, is a built model's."""

@@ -3,7 +3,18 @@
 The distribution is keras-aiayn; the import package is keras_transformer.
 """
 
+import re
+
 from setuptools import find_packages, setup
+
+REPOSITORY = "https://github.com/keras-transformer/keras-transformer"
+
+
+def long_description():
+    """README.md with its relative links made absolute, so that they work on PyPI."""
+    text = open("README.md", encoding="utf-8").read()
+    return re.sub(r"\]\((?!https?:|#|mailto:)([^)]+)\)", rf"]({REPOSITORY}/blob/main/\1)", text)
+
 
 CORE = ["keras>=3.10,<4", "numpy>=1.26"]
 TENSORFLOW = [
@@ -33,20 +44,19 @@ setup(
         'The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) '
         "as Keras 3 layers, with TensorFlow pipelines for training and TF Serving."
     ),
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=long_description(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    url="https://github.com/keras-transformer/keras-transformer",
+    url=REPOSITORY,
     project_urls={
-        "Documentation": "https://github.com/keras-transformer/keras-transformer/tree/main/docs",
-        "Changelog": "https://github.com/keras-transformer/keras-transformer/blob/main/CHANGELOG.md",
-        "Issues": "https://github.com/keras-transformer/keras-transformer/issues",
+        "Documentation": f"{REPOSITORY}/tree/main/docs",
+        "Changelog": f"{REPOSITORY}/blob/main/CHANGELOG.md",
+        "Issues": f"{REPOSITORY}/issues",
     },
     classifiers=[
         "Development Status :: 4 - Beta",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: OS Independent",
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",
@@ -81,6 +91,9 @@ setup(
             "ctranslate2>=4.5,<5",
             # The reference the Marian import is checked against.
             "transformers>=4.44",
+            # The release check: an sdist and a wheel that PyPI accepts.
+            "build>=1.2",
+            "twine>=5",
         ],
     },
 )

@@ -42,10 +42,10 @@ from pipelines.commands import run
 from pipelines.commands.arguments import command_parser
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
-from pipelines.training.config import SETTINGS, base_type, check_paths, validate
+from pipelines.training.config import SETTINGS, base_type, validate
 from pipelines.training.identity import check_rerun
 from pipelines.training.init_from import apply_source, given_settings
-from pipelines.training.loading import load_config, recipe_names
+from pipelines.training.loading import check_paths, load_config, recipe_names
 
 
 def _add_setting_flags(parser):

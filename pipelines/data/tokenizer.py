@@ -37,6 +37,7 @@ def train_sentencepiece(
     max_sentences=2_000_000,
     seed=0,
     whole_tokens=(),
+    options=None,
 ):
     """Trains a SentencePiece model on an iterable of sentences.
 
@@ -53,6 +54,8 @@ def train_sentencepiece(
         whole_tokens: iterable of str, tokens kept as one piece each where
             they stand as a word (a closed target vocabulary such as a
             linearised tree's `(NP`, `)NP`, `XX`; `frequent_words`).
+        options: dict or None, other SentencePiece trainer options
+            (`{"byte_fallback": True}`); the special ids are the model's.
 
     Returns:
         str, `model_path`.
@@ -74,6 +77,7 @@ def train_sentencepiece(
             # With the word-boundary mark: `▁(NP` is one piece where `(NP`
             # alone would leave a `▁` piece before every token.
             user_defined_symbols=[WORD_MARK + token for token in sorted(set(whole_tokens))],
+            **(options or {}),
         )  # fmt: skip
     except ValueError as error:
         if not count:

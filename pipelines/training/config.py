@@ -15,7 +15,6 @@ command promises, naming the setting and the value, without a dependency.
 
 import dataclasses
 import json
-import os
 import re
 import typing
 
@@ -23,8 +22,7 @@ import keras
 
 from keras_transformer.decoding.steps import PENALTY_FORMS
 from keras_transformer.models.presets import PRESETS
-from pipelines.errors import ConfigError, DataError
-from pipelines.files import check_input_file
+from pipelines.errors import ConfigError
 from pipelines.training.values import base_type, parse_scalar
 
 CORPORA = ("default", "multi30k", "files", "tfds", "ptb")
@@ -111,6 +109,17 @@ class BatchingConfig:
     data_service: str | None = setting(
         None, "a tf.data service dispatcher (grpc://HOST:PORT) whose workers run the streams"
     )
+    byte_fallback: bool = setting(
+        False, "characters the vocabulary lacks become UTF-8 byte pieces, not unk (SentencePiece)"
+    )
+    character_coverage: float = setting(
+        1.0, "share of the sample's characters the vocabulary covers (SentencePiece)", above=0.0,
+        high=1.0,
+    )  # fmt: skip
+    extend_vocabulary: int = setting(
+        0, "with init_from: add the pieces a vocabulary of N trained on the new data has and "
+        "the source's lacks (0: the source's vocabulary unchanged)", low=0,
+    )  # fmt: skip
     whole_target_tokens: bool = setting(
         False, "each distinct space-separated target token is one piece (closed vocabularies)"
     )
@@ -473,26 +482,11 @@ def validate(config):
         raise ConfigError(
             f"data_service must be grpc://HOST:PORT. Received: data_service={service!r}"
         )
+    if batching.extend_vocabulary and not model.init_from:
+        raise ConfigError("extend_vocabulary grows a source's vocabulary: it needs init_from")
     if config.batching.batch_tokens < config.batching.max_length:
         raise ConfigError(
             f"batch_tokens must be at least max_length ({config.batching.max_length}). "
             f"Received: batch_tokens={config.batching.batch_tokens}"
         )
     return config
-
-
-def check_paths(config):
-    """Raises `DataError` unless the corpus files and folders the config names exist.
-
-    Apart from `validate`, so that a configuration can be resolved and printed
-    (`--print-config`) on a machine without the data.
-    """
-    data = config.data
-    if data.corpus == "multi30k" and not os.path.isdir(data.multi30k_dir):
-        raise DataError(f"multi30k_dir: Multi30k folder not found: {data.multi30k_dir}")
-    if data.corpus == "ptb" and not os.path.isdir(data.treebank_dir):
-        raise DataError(f"treebank_dir: treebank folder not found: {data.treebank_dir}")
-    if data.corpus == "files":
-        for name in ("train_files", "validation_files"):
-            for path in getattr(data, name) or []:
-                check_input_file(path, name)

@@ -14,15 +14,24 @@ holds the training corpus in memory: the validation and test sets, small,
 are read whole.
 """
 
+import dataclasses
 import hashlib
 import logging
 import os
 import shutil
 
-from pipelines.data import corpus, default_corpus, preparation, scan, shards, tokenizer
+from pipelines.data import (
+    corpus,
+    default_corpus,
+    preparation,
+    scan,
+    shards,
+    tokenizer,
+    vocabulary_extension,
+)
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import DataError
-from pipelines.files import atomic_text, read_json, write_json
+from pipelines.files import atomic_output, atomic_text, read_json, write_json
 from pipelines.parsing import trees
 from pipelines.parsing.corpus import tags_path, target_tokens, treebank_pairs
 from pipelines.training import chief
@@ -283,10 +292,40 @@ def train_vocabulary(config, sample, spm_path):
         (sentence for pair in sample() for sentence in pair),
         spm_path,
         batching.vocabulary_size,
+        character_coverage=batching.character_coverage,
         max_sentences=2 * batching.vocabulary_sample,
         seed=config.optimization.seed,
         whole_tokens=whole,
+        options={"byte_fallback": True} if batching.byte_fallback else None,
     )
+
+
+def extend_source_vocabulary(config, source, train_dir, spm_path):
+    """Writes `spm_path`: the source's vocabulary and the pieces the run's data adds.
+
+    The added pieces are those of an `extend_vocabulary`-piece vocabulary
+    trained on the run's sample (`train_vocabulary`'s settings) that the
+    source's lacks (`vocabulary_extension.extended_model`).
+
+    Args:
+        config: the run's `TrainConfig`.
+        source: the `init_from` source (`init_from.Source`).
+        train_dir: str, the folder of the run's `sample.txt`.
+        spm_path: str, the `.model` file to write.
+    """
+    staging = os.path.join(train_dir, "new-data.model")
+    grown = dataclasses.replace(
+        config.batching, vocabulary_size=config.batching.extend_vocabulary, whole_source_words=0
+    )
+    train_vocabulary(dataclasses.replace(config, batching=grown), _sample_pairs(train_dir), staging)
+    with open(staging, "rb") as handle:
+        data, added = vocabulary_extension.extended_model(source.vocabulary, handle.read())
+    with atomic_output(spm_path) as path, open(path, "wb") as handle:
+        handle.write(data)
+    os.remove(staging)
+    logger.info("extend_vocabulary: %d pieces added to %s's %d: %s", len(added),
+                source.vocabulary, tokenizer.vocabulary_size(spm_path) - len(added),
+                " ".join(added[:20]) + (" ..." if len(added) > 20 else ""))  # fmt: skip
 
 
 def _file_sha256(path):
@@ -331,6 +370,8 @@ def _prepare_data(config, out_dir, workers):
     plan = _plan(config, corpora, train_dir, workers, spm_path)
     if os.path.exists(spm_path):  # a resumed run keeps its vocabulary
         pass
+    elif config.model.init_from and config.batching.extend_vocabulary:  # grown
+        extend_source_vocabulary(config, find_source(config.model.init_from), train_dir, spm_path)
     elif config.model.init_from:  # the source model's, byte for byte
         copy_vocabulary(find_source(config.model.init_from), out_dir)
     else:

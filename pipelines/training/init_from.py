@@ -15,10 +15,12 @@ import os
 import shutil
 import zipfile
 
+import numpy as np
 import sentencepiece
 
 from keras_transformer.models.presets import PRESETS
 from pipelines.data.vocabularies import target_vocabulary_path
+from pipelines.data.vocabulary_extension import spellings
 from pipelines.errors import ConfigError
 from pipelines.files import atomic_output
 from pipelines.parsing.corpus import tags_path
@@ -218,6 +220,12 @@ def apply_source(config, given):
     config.batching.target_vocabulary = target_vocabulary_path(source.vocabulary) != (
         source.vocabulary
     )
+    if config.batching.extend_vocabulary and (config.batching.target_vocabulary or source.tags):
+        kind = "a vocabulary a side" if config.batching.target_vocabulary else "a parser's tags"
+        raise ConfigError(
+            f"extend_vocabulary: {source.vocabulary} comes with {kind}; only a joint "
+            "translation vocabulary grows"
+        )
     asked = {}
     if "preset" in given and config.model.preset:
         asked.update(PRESETS[config.model.preset])
@@ -270,3 +278,41 @@ def copy_vocabulary(source, out_dir):
         with atomic_output(copy) as staging:
             shutil.copyfile(original, staging)
     return copied
+
+
+def load_source_weights(model, source, spm_path):
+    """Gives a built model the source's weights, with new rows where the vocabulary grew.
+
+    A vocabulary grown by `extend_vocabulary` keeps the source's pieces first:
+    their rows (embedding, untied output projection, output bias) are the
+    source's, bit for bit; each new piece's row is the mean of the source's
+    rows for the pieces the source wrote it with (`spellings`).
+
+    Args:
+        model: a built `Transformer` on the vocabulary at `spm_path`.
+        source: a `Source`.
+        spm_path: str, the run's SentencePiece model: the source's, or the
+            source's with pieces appended.
+    """
+    old_size = source_arguments(source.model)["vocabulary_size"]
+    pieces = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+    if pieces.get_piece_size() == old_size:
+        model.load_weights(source.model)
+        return
+    import keras
+
+    original = keras.saving.load_model(source.model, compile=False)
+    added = [pieces.id_to_piece(i) for i in range(old_size, pieces.get_piece_size())]
+    rows = spellings(source.vocabulary, added)
+    if len(model.weights) != len(original.weights):
+        raise ConfigError(f"init_from: {source.model} does not match the run's model")
+    for weight, value in zip(model.weights, original.weights, strict=True):
+        value = keras.ops.convert_to_numpy(value)
+        grown = [
+            i for i, (a, b) in enumerate(zip(weight.shape, value.shape, strict=True)) if a != b
+        ]
+        if grown:  # the vocabulary's axis
+            axis = grown[0]
+            means = [np.take(value, ids, axis=axis).mean(axis=axis) for ids in rows]
+            value = np.concatenate([value, np.stack(means, axis=axis)], axis=axis)
+        weight.assign(value)

@@ -9,7 +9,8 @@ import importlib.resources
 import json
 import os
 
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, DataError
+from pipelines.files import check_input_file
 from pipelines.training.config import GROUPS, SETTINGS, ModelConfig, TrainConfig, coerce, validate
 
 
@@ -84,3 +85,20 @@ def load_config(recipe="default", config_file=None, settings=None):
             raise ConfigError(f"{config_file}: not valid JSON ({error})") from None
         config = _apply(config, flatten(values, config_file), config_file)
     return validate(_apply(config, flatten(settings or {}, "--set"), "--set"))
+
+
+def check_paths(config):
+    """Raises `DataError` unless the corpus files and folders the config names exist.
+
+    Apart from `validate`, so that a configuration can be resolved and printed
+    (`--print-config`) on a machine without the data.
+    """
+    data = config.data
+    if data.corpus == "multi30k" and not os.path.isdir(data.multi30k_dir):
+        raise DataError(f"multi30k_dir: Multi30k folder not found: {data.multi30k_dir}")
+    if data.corpus == "ptb" and not os.path.isdir(data.treebank_dir):
+        raise DataError(f"treebank_dir: treebank folder not found: {data.treebank_dir}")
+    if data.corpus == "files":
+        for name in ("train_files", "validation_files"):
+            for path in getattr(data, name) or []:
+                check_input_file(path, name)

@@ -31,7 +31,7 @@ from pipelines.training.checkpoints import (
 )
 from pipelines.training.heldout import heldout_pairs, heldout_scores, validation_scorer
 from pipelines.training.identity import stream_settings
-from pipelines.training.init_from import find_source, source_model_arguments
+from pipelines.training.init_from import find_source, load_source_weights, source_model_arguments
 from pipelines.training.loop import optimizer_steps
 from pipelines.training.parallel import chief_by_environment, jax_parallel, tensorflow_parallel
 from pipelines.training.progress import ProgressLines
@@ -111,10 +111,13 @@ def build_model(config, spm_path):
     source = find_source(config.model.init_from) if config.model.init_from else None
     if source:  # the source's own arguments (an imported model's options too), its weights
         arguments = source_model_arguments(source, arguments)
+        grown = tokenizer.vocabulary_size(spm_path)  # larger with extend_vocabulary
+        if grown != arguments["vocabulary_size"]:  # a joint vocabulary: only those grow
+            arguments.update(vocabulary_size=grown, target_vocabulary_size=grown)
     model = kt.Transformer(**arguments)
     model.build(((None, None), (None, None)))
     if source:  # a resumed run's backup is restored over these later
-        model.load_weights(source.model)
+        load_source_weights(model, source, spm_path)
     # With a time budget the run's length is known only once steps are
     # timed: `TimeBudget` sets the schedule's total then.
     schedule = kt.TransformerSchedule(

@@ -8,9 +8,11 @@ import sys
 import keras
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from pipelines.commands.train import main
 from pipelines.data.default_corpus import default_corpus
+from pipelines.data.vocabulary_extension import spellings
 from pipelines.training.heldout import heldout_scores
 from pipelines.training.identity import RESUMABLE, differing_settings
 from pipelines.training.init_from import apply_source, source_arguments
@@ -183,6 +185,54 @@ def test_a_run_starts_from_the_source_weights_and_vocabulary(source, tmp_path, c
         not np.array_equal(a.numpy(), b.numpy())
         for a, b in zip(trained.weights, expected.weights, strict=True)
     )
+
+
+def test_an_extended_vocabulary_keeps_every_old_row_and_spells_the_new_ones(source, tmp_path):
+    """`extend_vocabulary`: the source's pieces and rows first, bit for bit; each new piece's
+    row the mean of the source's rows for its old spelling; the run trains on the grown model."""
+    out = tmp_path / "run"
+    flags = ["--output-dir", str(out), "--init-from", str(source), "--target-locale", "de_CH",
+             "--set", "extend_vocabulary=150", "--set", "default_corpus_sizes=[300,20,20]",
+             "--steps", "2", "--batch-tokens", "512"]  # fmt: skip
+    assert main(flags) == 0
+    old = spm.SentencePieceProcessor(model_file=str(source / "sentencepiece.model"))
+    grown = spm.SentencePieceProcessor(model_file=str(out / "sentencepiece.model"))
+    size, added = old.get_piece_size(), grown.get_piece_size() - old.get_piece_size()
+    assert added > 0 and grown.piece_to_id("'") >= size  # the Swiss apostrophe, now a piece
+    assert [grown.id_to_piece(i) for i in range(size)] == [old.id_to_piece(i) for i in range(size)]
+    trained = keras.saving.load_model(out / "model.keras")
+    assert trained.vocabulary_size == size + added
+    # The model before its first step: the source's rows, then the new pieces' means.
+    config = load_config("default", str(out / "config.json"))
+    apply_source(config, set())
+    model, _, _ = build_model(config, str(out / "sentencepiece.model"))
+    original = keras.saving.load_model(source / "model.keras")
+    rows = spellings(str(source / "sentencepiece.model"),
+                     [grown.id_to_piece(i) for i in range(size, size + added)])  # fmt: skip
+    grew = 0
+    for ours, theirs in zip(model.weights, original.weights, strict=True):
+        ours, theirs = ours.numpy(), theirs.numpy()
+        if ours.shape == theirs.shape:
+            np.testing.assert_array_equal(ours, theirs)
+            continue
+        grew += 1
+        np.testing.assert_array_equal(ours[:size], theirs)  # bitwise: every old row
+        expected = np.stack([theirs[ids].mean(axis=0) for ids in rows])
+        np.testing.assert_allclose(ours[size:], expected, rtol=1e-6, atol=1e-7)
+    assert grew >= 1  # the shared embedding (and an output bias where the model has one)
+
+
+def test_extend_vocabulary_needs_a_joint_translation_source(source, tmp_path, capsys):
+    err = refused(capsys, "--output-dir", str(tmp_path / "a"), *TINY,
+                  "--set", "extend_vocabulary=100")  # fmt: skip
+    assert "extend_vocabulary grows a source's vocabulary: it needs init_from" in err
+    sided = tmp_path / "sided"
+    shutil.copytree(source, sided)
+    shutil.copy(sided / "sentencepiece.model", sided / "sentencepiece.target.model")
+    err = refused(capsys, "--output-dir", str(tmp_path / "b"), "--init-from", str(sided),
+                  "--set", "extend_vocabulary=100")  # fmt: skip
+    assert "comes with a vocabulary a side; only a joint translation vocabulary grows" in err
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow

@@ -9,8 +9,12 @@ Swiss German ones (`de_CH`: 1'234.5 where German writes 1.234,5; the rest
 alike). Runs, in this process, one after another:
 
     kt train                                   (the source: the default recipe on 95% de,
-                                                5% de_CH pairs, unless --source)
+                                                5% de_CH pairs; de alone with --german-only;
+                                                none with --source)
     kt train --init-from SOURCE                (in-domain: de_CH pairs only)
+    kt train --init-from SOURCE --set extend_vocabulary=N
+                                               (in-domain, the vocabulary grown with the
+                                                pieces of an N-piece de_CH vocabulary)
     kt train --init-from SOURCE --train-weights 7 3   (mixed: 70% de_CH, 30% de)
 
 each fine-tuning run `--steps` steps of the `finetune` recipe at the source's
@@ -72,9 +76,14 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=400, help="fine-tuning steps")
     parser.add_argument("--sizes", default="[20000,500,500]", help="train, validation, test")
     parser.add_argument("--set", action="append", default=[], help="source --set overrides")
+    parser.add_argument(
+        "--german-only", action="store_true", help="the source sees no de_CH pair (no apostrophe)"
+    )
+    parser.add_argument("--extend-vocabulary", type=int, default=2000, help="N of the grown arm")
     parser.add_argument("--output", default=os.path.join(RESULTS, "finetune_domain.json"))
     args = parser.parse_args(argv)
     from pipelines.data.default_corpus import default_corpus
+    from pipelines.data.tokenizer import vocabulary_size
 
     sizes = json.loads(args.sizes)
     os.makedirs(args.output_dir, exist_ok=True)
@@ -93,8 +102,9 @@ def main(argv=None):
         # German alone maps to <unk> (docs/start-from-a-model.md).
         rare = default_corpus([sizes[0] // 20, 0, 0], "de_CH", 2)["train"]
         german_validation = write_pairs(data, "val-de", corpora["de"]["validation"])
+        mixed = [*write_pairs(data, "train-de_CH-rare", rare), "--train-weights", "19", "1"]
         train(["--output-dir", source, "--corpus", "files", "--train-files", *german,
-               *write_pairs(data, "train-de_CH-rare", rare), "--train-weights", "19", "1",
+               *([] if args.german_only else mixed),
                "--validation-files", *german_validation, "--heldout-split", "none",
                *set_flags(args.set)])  # fmt: skip
     recorded = json.loads(open(os.path.join(source, "config.json"), encoding="utf-8").read())
@@ -104,6 +114,12 @@ def main(argv=None):
               "--max-length", str(recorded["batching"]["max_length"])]  # fmt: skip
     arms = {
         "in_domain": ["--train-files", *swiss],
+        "in_domain_extended": [
+            "--train-files",
+            *swiss,
+            "--set",
+            f"extend_vocabulary={args.extend_vocabulary}",
+        ],
         "mixed_70_30": ["--train-files", *swiss, *german, "--train-weights", "7", "3"],
     }
     runs = {"source": source}
@@ -123,6 +139,12 @@ def main(argv=None):
             "command": "python benchmarks/finetune_domain.py " + " ".join(argv or sys.argv[1:]),
             "steps": args.steps,
             "sizes": sizes,
+            "source": "given" if args.source else "de" if args.german_only else "95% de, 5% de_CH",
+            "extend_vocabulary": args.extend_vocabulary,
+            "pieces": {
+                name: vocabulary_size(os.path.join(run, "sentencepiece.model"))
+                for name, run in runs.items()
+            },
             "greedy_bleu": scores,
         },
         args.output,

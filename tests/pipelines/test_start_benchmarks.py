@@ -15,10 +15,15 @@ def test_finetune_domain_smoke(tmp_path, capsys):
             "vocabulary_size=200", "steps=4", "steps_per_epoch=2", "batch_tokens=512",
             "heldout_split=none"]  # fmt: skip
     argv = ["--output-dir", str(tmp_path / "runs"), "--steps", "2", "--sizes", "[300,20,20]",
-            "--output", str(output), *[item for s in tiny for item in ("--set", s)]]  # fmt: skip
+            "--output", str(output), "--german-only", "--extend-vocabulary", "120",
+            *[item for s in tiny for item in ("--set", s)]]  # fmt: skip
     assert finetune_domain.main(argv) == 0
-    scores = read(output)["greedy_bleu"]
-    assert set(scores) == {"source", "in_domain", "mixed_70_30"}
+    result = read(output)
+    scores = result["greedy_bleu"]
+    assert set(scores) == {"source", "in_domain", "in_domain_extended", "mixed_70_30"}
+    pieces = result["pieces"]
+    assert result["source"] == "de" and pieces["source"] == pieces["in_domain"] == 200
+    assert pieces["in_domain_extended"] > 200  # the de_CH pieces a German vocabulary lacks
     assert all(0 <= bleu <= 100 for row in scores.values() for bleu in row.values())
     assert "de_CH test BLEU" in capsys.readouterr().out
 

@@ -79,3 +79,30 @@ def test_a_vocabulary_of_another_type_is_refused(models, tmp_path):
     with pytest.raises(DataError, match="is a bpe model, the new data's vocabulary a unigram"):
         extended_model(old, (tmp_path / "u.model").read_bytes())
     assert unigram
+
+
+def test_byte_fallback_and_character_coverage_reach_a_runs_vocabulary(tmp_path):
+    """The run settings `byte_fallback` and `character_coverage` train the run's vocabulary."""
+    from pipelines.training.data import train_vocabulary
+    from pipelines.training.loading import load_config
+
+    pairs = generate_pairs(600, seed=0)
+    config = load_config("default", settings={"vocabulary_size": 400, "byte_fallback": True})
+    path = str(tmp_path / "bytes.model")
+    train_vocabulary(config, lambda: iter(pairs), path)
+    grown = processor(path)
+    assert grown.piece_to_id("<0x27>") != grown.unk_id()  # 256 byte pieces
+    ids = grown.encode("1'234 \u00a7")  # characters the German renderings lack
+    assert grown.unk_id() not in ids and grown.decode(ids) == "1'234 \u00a7"
+    config = load_config("default", settings={"vocabulary_size": 200})
+    train_vocabulary(config, lambda: iter(pairs), str(tmp_path / "plain.model"))
+    assert processor(str(tmp_path / "plain.model")).unk_id() in processor(
+        str(tmp_path / "plain.model")
+    ).encode("\u00a7")
+    # A coverage below 1 leaves the rarest characters out: `unk`, where 1.0 keeps them all.
+    config = load_config("default", settings={"vocabulary_size": 200, "character_coverage": 0.99})
+    train_vocabulary(config, lambda: iter(pairs), str(tmp_path / "rare.model"))
+    rare, full = processor(str(tmp_path / "rare.model")), processor(str(tmp_path / "plain.model"))
+    characters = {c for pair in pairs for s in pair for c in s if not c.isspace()}
+    dropped = [c for c in characters if rare.encode(c)[-1:] == [rare.unk_id()]]
+    assert dropped and not [c for c in characters if full.encode(c)[-1:] == [full.unk_id()]]

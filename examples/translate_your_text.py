@@ -95,7 +95,10 @@ def serve(args, sentences):
                "--max-source-length", str(args.max_length)]  # fmt: skip
     environment = {**os.environ, "KERAS_BACKEND": "tensorflow"}  # the export is a TF graph
     subprocess.run(command, check=True, env=environment)
-    served = tf.saved_model.load(os.path.join(base, "mine", "1"))
+    folder = os.path.join(base, "mine")  # kt export writes the next free version: the newest
+    version = os.path.join(folder, str(max(int(v) for v in os.listdir(folder) if v.isdigit())))
+    print(f"SavedModel: {version}")
+    served = tf.saved_model.load(version)
     outputs = served.signatures["serving_default"](inputs=tf.constant(sentences))
     texts = [text.decode("utf-8") for text in outputs["translations"].numpy()]
     return texts, outputs["scores"].numpy()

@@ -88,3 +88,6 @@ def test_your_own_text_runs_from_sentences_to_translations(tmp_path, monkeypatch
     assert namespace["translations"] == namespace["targets"]
     best = namespace["tokenizer"].decode(namespace["best"])  # (B, 2) hypotheses
     assert [hypotheses[0] for hypotheses in best] == namespace["targets"]
+    # The saved model, loaded again, translates the same.
+    again = namespace["vocabulary"].decode(namespace["again"])
+    assert [hypotheses[0] for hypotheses in again] == namespace["targets"]

@@ -71,6 +71,12 @@ def max_source_length(args):
     if length is None:
         run_dir = args.run_dir or os.path.dirname(os.path.abspath(args.model or "model.keras"))
         length = run_max_length(run_dir)
-    if not length or length < 2:
+        if length is None:
+            raise ConfigError(
+                f"--max-source-length: {run_dir} holds no run's config.json to read it from; "
+                "give the longest source to keep, in pieces with the end id (as "
+                "encode_sources(max_length=N) cut them in training): --max-source-length N"
+            )
+    if length < 2:
         raise ConfigError(f"--max-source-length must be at least 2. Received: {length}")
     return length

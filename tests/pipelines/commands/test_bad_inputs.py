@@ -115,6 +115,10 @@ CASES = [
     ("export: not a SentencePiece model",
      "export --model {t}/kept.keras --sentencepiece {t}/in.en --max-source-length 16 "
      "--base {t}/models --name m", "{t}/in.en is not a SentencePiece model", []),
+    ("export: a model of one's own without its source length",
+     "export --model {t}/kept.keras --sentencepiece {t}/run/sentencepiece.model --base {t}/models "
+     "--name own",
+     "holds no run's config.json to read it from; give the longest source", ["models/own"]),
     ("ct2-export: unknown quantization",
      "ct2-export --run-dir {t}/run --max-source-length 16 --output {t}/new --quantization int3",
      "--quantization must be one of int8, ", ["new"]),

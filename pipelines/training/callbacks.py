@@ -49,7 +49,9 @@ class Checkpoints(keras.callbacks.Callback):
     Without `minutes` a checkpoint `epoch-N.keras` ends every epoch. With it
     (the paper's 10, section 6.1) one `step-N.keras` is written at the first
     step that ends `minutes` or more after the last one, counted in training
-    time (a resumed run counts from its restart). With `keep` only the
+    time (a resumed run counts from its restart), and one more ends the
+    training (not after a NaN loss), so that the average of the last ones
+    holds its last steps too. With `keep` only the
     newest `keep` are kept (the run keeps at least those averaging reads;
     `best.keras` is apart).
 
@@ -79,6 +81,14 @@ class Checkpoints(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self.minutes:
             self._write(os.path.join(self.folder, f"epoch-{epoch + 1:03d}.keras"))
+
+    def on_train_end(self, logs=None):
+        if self.minutes and math.isfinite((logs or {}).get("loss", 0.0)):
+            path = os.path.join(
+                self.folder, f"step-{optimizer_steps(self.model.optimizer):09d}.keras"
+            )
+            if not os.path.exists(path):  # not written at this step already
+                self._write(path)
 
     def _write(self, path):
         os.makedirs(self.folder, exist_ok=True)

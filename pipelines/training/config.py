@@ -470,6 +470,12 @@ def validate(config):
         raise ConfigError(
             f"metric {output.metric} needs validation_sentences (--validation-sentences 500)"
         )
+    no_validation = config.data.corpus == "files" and not config.data.validation_files
+    if no_validation and (output.select == "best" or output.early_stopping_patience):
+        raise ConfigError(
+            "select best and early_stopping_patience compare validations: corpus files needs "
+            "validation_files (--validation-files DEV.SOURCE DEV.TARGET)"
+        )
     if output.select == "ema" and not optimization.ema:
         raise ConfigError("select ema needs optimization.ema (--ema 0.9999)")
     if output.keep_checkpoints and output.average_share:

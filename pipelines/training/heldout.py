@@ -1,5 +1,6 @@
 """The end of a run's held-out evaluation: which split, its greedy decode and its scores."""
 
+import logging
 import os
 
 from pipelines.data import tokenizer
@@ -13,6 +14,8 @@ from pipelines.parsing.corpus import (
     vocabulary_tags,
 )
 from pipelines.training.checkpoints import with_dtype_policy
+
+logger = logging.getLogger(__name__)
 
 
 def is_parser(config):
@@ -116,6 +119,11 @@ def validation_scorer(config, out_dir, validation_pairs):
         or None where the run scores no validation decode.
     """
     count = config.output.validation_sentences
+    if count and not validation_pairs:
+        logger.warning(
+            "validation_sentences %d: the run has no validation data (--validation-files), "
+            "so no BLEU while it trains", count
+        )  # fmt: skip
     if not count or not validation_pairs:
         return None
     pairs = list(validation_pairs)[:count]

@@ -12,14 +12,16 @@ difference, an architecture or the data, would train a different model
 over the first one's outputs, so it is refused before any work.
 """
 
+import dataclasses
 import json
 import os
 
 from pipelines.errors import ConfigError
 from pipelines.files import read_json
-from pipelines.training.config import SETTINGS
+from pipelines.training.config import SETTINGS, DecodingConfig
 
-# The settings a rerun may change: the run's length, and its end-of-run outputs.
+# The settings a rerun may change: the run's length, and its end-of-run outputs (the whole
+# `decoding` group: the search of the end-of-run evaluation and of the export).
 RESUMABLE = (
     "output_dir",
     "steps",
@@ -35,10 +37,7 @@ RESUMABLE = (
     "average_last",
     "average_share",
     "heldout_split",
-    "beam_size",
-    "alpha",
-    "extra_length",
-    "tree_constraint",
+    *(field.name for field in dataclasses.fields(DecodingConfig)),
 )
 # The settings of the training stream: a change restarts the data order (see above).
 # The input streams and the data service change the order, never an update's tokens.

@@ -120,6 +120,33 @@ def test_average_command_in_a_fresh_process(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def test_average_takes_a_runs_newest_checkpoints(tmp_path, capsys):
+    """`kt average --run-dir RUN --last N`: the newest N by step, never best.keras."""
+    from pipelines.commands import average
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for seed, name in enumerate(["step-000000900", "step-000001000", "step-000010000", "best"]):
+        saved_model(folder / f"{name}.keras", seed)
+    output = tmp_path / "avg.keras"
+    argv = ["--run-dir", str(tmp_path / "run"), "--last", "2", "--output", str(output)]
+    assert average.main(argv) == 0
+    newest = [str(folder / "step-000001000.keras"), str(folder / "step-000010000.keras")]
+    expected = average_checkpoints(newest, str(tmp_path / "expected.keras"))
+    for got, want in zip(keras.saving.load_model(output).get_weights(), expected.get_weights(),
+                         strict=True):  # fmt: skip
+        np.testing.assert_array_equal(got, want)
+    assert "Averaged 2 checkpoints" in capsys.readouterr().out
+    for argv, says in (
+        (["--run-dir", str(tmp_path / "run")], "--run-dir needs --last N"),
+        ([str(output), "--run-dir", str(tmp_path / "run"), "--last", "2"], "one of the two"),
+        (["--run-dir", str(tmp_path), "--last", "2"], "holds no epoch- or step- file"),
+    ):
+        assert average.main([*argv, "--output", str(tmp_path / "x.keras")]) == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "x.keras").exists()
+
+
 def test_average_holds_at_most_two_models(tmp_path, monkeypatch):
     """A running sum: memory of two models however many checkpoints are averaged."""
     import gc

@@ -294,3 +294,24 @@ def test_run_decoding_reads_the_recorded_search_else_the_defaults(tmp_path):
         with pytest.raises(ConfigError, match=message):
             recorded.run_decoding(str(tmp_path))
             recorded.run_max_length(str(tmp_path))
+
+
+def test_choosing_by_validation_needs_validation_files():
+    files = {"corpus": "files", "train_files": ["a.en", "a.de"]}
+    for given in ({"select": "best"}, {"early_stopping_patience": 3}):
+        with pytest.raises(ConfigError, match="corpus files needs validation_files"):
+            load_config("default", settings={**files, **given})
+        config = load_config(
+            "default", settings={**files, **given, "validation_files": ["v.en", "v.de"]}
+        )
+        assert config.data.validation_files == ["v.en", "v.de"]
+    assert load_config("default", settings=files).output.select == "average"  # no choice made
+    assert load_config("default", settings={"select": "best"}).data.corpus == "default"
+
+
+def test_extend_vocabulary_needs_init_from():
+    with pytest.raises(ConfigError, match="extend_vocabulary grows a source's vocabulary"):
+        load_config("default", settings={"extend_vocabulary": 100})
+    assert load_config("default", settings={"byte_fallback": True}).batching.byte_fallback
+    with pytest.raises(ConfigError, match="character_coverage"):
+        load_config("default", settings={"character_coverage": 0.0})

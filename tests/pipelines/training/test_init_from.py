@@ -67,7 +67,8 @@ def test_a_rerun_with_other_architecture_or_data_is_refused_and_loses_nothing(so
 
 def test_a_rerun_may_change_only_the_resumable_settings(source):
     recorded = json.loads((source / "config.json").read_text())
-    changed = {"steps": 99, "max_minutes": 5, "average_last": 2, "beam_size": 1}
+    changed = {"steps": 99, "max_minutes": 5, "average_last": 2, "beam_size": 1,
+               "penalty_form": "power", "max_output_length": 20, "end_at_limit": True}  # fmt: skip
     assert set(changed) <= set(RESUMABLE)
     config = load_config("default", str(source / "config.json"), changed)
     assert differing_settings(recorded, config) == []

@@ -12,7 +12,8 @@ here sets them. Arrays are NumPy, so the tokenizer serves every Keras backend
 and needs only the `sentencepiece` package, not TensorFlow (keras-hub's
 `SentencePieceTokenizer` runs on tensorflow-text, and takes SentencePiece's
 ids as they are). The files are ordinary SentencePiece models: `kt export
---model MODEL.keras --sentencepiece FILE` serves a model trained with one.
+--model MODEL.keras --sentencepiece FILE --max-source-length N` serves a model
+trained with one (N: the `max_length` its sources were cut to).
 """
 
 import io

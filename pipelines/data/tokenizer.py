@@ -39,7 +39,10 @@ def train_sentencepiece(
     whole_tokens=(),
     options=None,
 ):
-    """Trains a SentencePiece model on an iterable of sentences.
+    """Trains a SentencePiece model on an iterable of sentences: a run's vocabulary file.
+
+    A script of one's own wants `keras_transformer.tokenizers.train_sentencepiece`,
+    which returns a tokenizer (the same ids, no TensorFlow).
 
     Args:
         sentences: iterable of str, source and target sentences together for a

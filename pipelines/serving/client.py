@@ -28,6 +28,7 @@ EARLIER_SETTINGS = {
     "penalty_form": "gnmt",
     "max_output_length": 0,
     "end_at_limit": False,
+    "batching": False,
 }
 
 
@@ -70,7 +71,8 @@ def export_settings(version):
         included), `tree_constraint` (searches write only trees),
         `tree_words` (a parser writes each word before its tag),
         `penalty_form`, `max_output_length`, `end_at_limit` (see
-        `Translator`'s `lengths`) and, for
+        `Translator`'s `lengths`), `batching` (its warm-up suits TF
+        Serving's `--enable_batching`: `kt export --batching`) and, for
         exports that record them, `max_source_length` and `quantize` (None,
         "int8" or "int8-weights").
         Exports made before the settings file get the settings they used.

@@ -83,6 +83,9 @@ from pipelines.training.checkpoints import with_dtype_policy
 class Translator(tf.Module):
     """A Keras `Transformer` and its tokenizer, wrapped for `tf.saved_model.save`.
 
+    It needs the TensorFlow backend (`KERAS_BACKEND=tensorflow`): the export is
+    a TensorFlow graph of the model's own weights.
+
     The translation signatures run `pipelines.serving.translation.translate_strings`
     and `score` runs `score_strings`: a request is sorted by length and handled
     `chunk_size` sentences at a time, so its memory does not grow with its
@@ -408,7 +411,8 @@ def export(translator, base_dir, version=None, batching=False):
         try:
             tf.saved_model.save(translator, staging, signatures=translator.signatures())
             write_warmup_requests(staging, batching)
-            write_json(os.path.join(staging, SETTINGS_FILE), dict(translator.search_settings))
+            settings = {**translator.search_settings, "batching": batching}
+            write_json(os.path.join(staging, SETTINGS_FILE), settings)
         except (tf.errors.ResourceExhaustedError, OSError) as error:
             full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
             if not (full or "space left" in str(error) or "quota" in str(error).lower()):

@@ -230,7 +230,8 @@ def test_ptb_recipe_smoke(tmp_path):
     # As the export records them: the flag's beam, the recipe's alpha and output limit.
     assert result["search"] == {"beam_size": 2, "alpha": 0.3, "nbest": 2, "extra_length": 600,
                                 "penalty_form": "gnmt", "max_output_length": 0,
-                                "end_at_limit": False, "max_source_length": 1100,
+                                "end_at_limit": False, "batching": False,
+                                "max_source_length": 1100,
                                 "tree_constraint": True,
                                 "tree_words": True, "quantize": None}  # fmt: skip
     assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too

@@ -285,6 +285,8 @@ def test_an_imported_model_fine_tunes_from_its_weights_and_vocabularies(imported
     # The source's length limit, not the default 128.
     recorded = json.loads((out / "config.json").read_text())["batching"]["max_length"]
     assert recorded == imported["model"].config.max_position_embeddings == 256
+    # The batch a fine-tuning run keeps unless given (this one gave 512): not the default 1,024.
+    assert json.loads((run / "config.json").read_text())["batching"]["batch_tokens"] == 4096
 
 
 def write_config(folder, **changes):

@@ -98,7 +98,8 @@ def test_the_run_reports_parse_scores_on_dev_and_keeps_brackets_whole(ptb_run):
 
 
 # How lengths count in an export that sets none (GNMT's penalty, each source's own limit).
-LENGTHS = {"penalty_form": "gnmt", "max_output_length": 0, "end_at_limit": False}
+LENGTHS = {"penalty_form": "gnmt", "max_output_length": 0, "end_at_limit": False,
+           "batching": False}  # fmt: skip
 
 
 def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path, capsys):

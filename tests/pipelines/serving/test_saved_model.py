@@ -16,6 +16,7 @@ from pipelines.commands import export as export_command
 from pipelines.commands import translate as translate_command
 from pipelines.data.tokenizer import EOS_ID
 from pipelines.errors import ExportError
+from pipelines.serving.client import export_settings
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, controls_on
 from pipelines.serving.saved_model import Translator, export
 from pipelines.serving.translation import decode, encode, translate_strings
@@ -681,6 +682,11 @@ def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(export
     kept = [r for r in default if r.model_spec.signature_name != "translate"]
     assert [r.SerializeToString() for r in batched] == [r.SerializeToString() for r in kept]
     assert len(kept) == len(default) - 4
+    # Recorded, so that an operator tells the two kinds apart from the export alone.
+    assert export_settings(str(tmp_path / "batched" / "1"))["batching"] is True
+    argv = [*argv[: argv.index("batched")], "plain"]
+    assert export_command.main(argv) == 0
+    assert export_settings(str(tmp_path / "plain" / "1"))["batching"] is False
 
 
 def test_word_alignments_join_pieces_into_words():

@@ -79,7 +79,9 @@ def main(argv=None):
     parser.add_argument(
         "--german-only", action="store_true", help="the source sees no de_CH pair (no apostrophe)"
     )
-    parser.add_argument("--extend-vocabulary", type=int, default=2000, help="N of the grown arm")
+    parser.add_argument(
+        "--extend-vocabulary", type=int, default=500, help="N of the grown arm (the source's size)"
+    )
     parser.add_argument("--output", default=os.path.join(RESULTS, "finetune_domain.json"))
     args = parser.parse_args(argv)
     from pipelines.data.default_corpus import default_corpus

@@ -317,7 +317,12 @@ def extend_source_vocabulary(config, source, train_dir, spm_path):
     grown = dataclasses.replace(
         config.batching, vocabulary_size=config.batching.extend_vocabulary, whole_source_words=0
     )
-    train_vocabulary(dataclasses.replace(config, batching=grown), _sample_pairs(train_dir), staging)
+    try:
+        train_vocabulary(
+            dataclasses.replace(config, batching=grown), _sample_pairs(train_dir), staging
+        )
+    except DataError as error:
+        raise DataError(f"extend_vocabulary={grown.vocabulary_size}: {error}") from None
     with open(staging, "rb") as handle:
         data, added = vocabulary_extension.extended_model(source.vocabulary, handle.read())
     with atomic_output(spm_path) as path, open(path, "wb") as handle:

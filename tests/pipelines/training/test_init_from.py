@@ -234,6 +234,12 @@ def test_extend_vocabulary_needs_a_joint_translation_source(source, tmp_path, ca
                   "--set", "extend_vocabulary=100")  # fmt: skip
     assert "comes with a vocabulary a side; only a joint translation vocabulary grows" in err
     assert not (tmp_path / "b").exists()
+    # More pieces than the new data holds: one line naming the setting, no vocabulary written.
+    err = refused(capsys, "--output-dir", str(tmp_path / "c"), "--init-from", str(source),
+                  "--set", "default_corpus_sizes=[300,20,20]",
+                  "--set", "extend_vocabulary=100000")  # fmt: skip
+    assert "extend_vocabulary=100000: " in err and "Vocabulary size too high" in err
+    assert not (tmp_path / "c" / "sentencepiece.model").exists()
 
 
 @pytest.mark.slow

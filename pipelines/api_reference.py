@@ -240,7 +240,7 @@ def api_pages():
         "## keras_transformer\n\nThe layers, the model and the searches, on every backend.\n\n"
         "| page | public names |\n|---|---|\n" + "\n".join(index) + "\n\n"
         "## pipelines\n\nWhat a script of one's own calls from the TensorFlow pipelines "
-        '(`pip install "keras-aiayn[tensorflow]"`).\n\n'
+        '(`pip install "keras-aiayn[tensorflow]"`; `JaxTrainer` needs `jax` too).\n\n'
         "| page | public names |\n|---|---|\n" + "\n".join(pipeline_index) + "\n"
     )
     return dict(sorted(pages.items()))

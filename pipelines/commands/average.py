@@ -26,6 +26,8 @@ def _chosen(args):
     if bool(args.checkpoints) == bool(args.run_dir):
         raise ConfigError("give checkpoint files, or --run-dir with --last N: one of the two")
     if not args.run_dir:
+        if args.last:
+            raise ConfigError("--last counts a run's checkpoints: give --run-dir, not files")
         return args.checkpoints
     if not args.last or args.last < 1:
         raise ConfigError(f"--run-dir needs --last N, N at least 1. Received: --last {args.last}")
@@ -34,6 +36,8 @@ def _chosen(args):
     found = epoch_checkpoints(os.path.join(args.run_dir, "checkpoints"))
     if not found:
         raise ConfigError(f"--run-dir: {args.run_dir}/checkpoints holds no epoch- or step- file")
+    if len(found) < args.last:
+        print(f"warning: --last {args.last}: {args.run_dir} has {len(found)} checkpoints")
     return found[-args.last :]
 
 

@@ -71,6 +71,32 @@ def _type_name(proto):
     return proto.trainer_spec.ModelType.Name(proto.trainer_spec.model_type).lower()
 
 
+def model_type(model_path):
+    """A SentencePiece `.model` file's type: "bpe", "unigram", "word" or "char"."""
+    return _type_name(_read(model_path))
+
+
+def pieces_used(model_bytes, sentences, first_id):
+    """How many pieces from `first_id` on the model writes `sentences` with.
+
+    An appended BPE piece is reached only where the old merges leave its two
+    halves side by side; one that is never reached keeps its initial row.
+
+    Args:
+        model_bytes: bytes, a serialized SentencePiece model.
+        sentences: iterable of str.
+        first_id: int, the first appended id.
+
+    Returns:
+        int.
+    """
+    processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+    used = set()
+    for sentence in sentences:
+        used.update(i for i in processor.encode(sentence) if i >= first_id)
+    return len(used)
+
+
 def spellings(model_path, pieces):
     """How the vocabulary at `model_path` writes each of `pieces`: its ids for the same text.
 

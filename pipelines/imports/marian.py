@@ -362,7 +362,7 @@ def run_config(arguments, config, output_dir, decoding):
             "max_length": config["max_position_embeddings"],
             # What a fine-tuning run keeps (`--init-from`): batches of a model this size, not
             # the embedded corpus's `default` recipe's 1,024 tokens.
-            "batch_tokens": 4096,
+            "batch_tokens": max(4096, config["max_position_embeddings"]),
             "target_vocabulary": True,  # sentencepiece.target.model, even where shared
             "output_dir": output_dir,
             **decoding,

@@ -9,11 +9,13 @@ least one dimension"), so an export for it (`export(..., batching=True)`,
 scalars; every other signature is batch-major and stays in.
 """
 
+import json
 import os
 
 import tensorflow as tf
 
-from pipelines.serving.client import SIGNATURE_INPUT
+from pipelines.files import write_json
+from pipelines.serving.client import SETTINGS_FILE, SIGNATURE_INPUT
 from pipelines.serving.controls import CONTROLS, NEUTRAL
 
 # Where TF Serving looks for them in a version's folder.
@@ -118,7 +120,8 @@ def write_warmup_requests(saved_model_dir, batching=False):
 
     Args:
         saved_model_dir: str, the SavedModel's folder.
-        batching: bool, requests for `--enable_batching` (`warmup_requests`).
+        batching: bool, requests for `--enable_batching` (`warmup_requests`),
+            also recorded in the version's `keras_transformer.json` where it has one.
 
     Returns:
         str, the file written.
@@ -128,6 +131,11 @@ def write_warmup_requests(saved_model_dir, batching=False):
     with tf.io.TFRecordWriter(path) as writer:
         for log in warmup_requests(batching=batching):
             writer.write(log.SerializeToString())
+    settings = os.path.join(saved_model_dir, SETTINGS_FILE)
+    if os.path.exists(settings):  # a version's warm-up rewritten in place: its record follows
+        with open(settings, encoding="utf-8") as handle:
+            recorded = json.load(handle)
+        write_json(settings, {**recorded, "batching": batching})
     return path
 
 

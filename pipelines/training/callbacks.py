@@ -51,7 +51,8 @@ class Checkpoints(keras.callbacks.Callback):
     step that ends `minutes` or more after the last one, counted in training
     time (a resumed run counts from its restart), and one more ends the
     training (not after a NaN loss), so that the average of the last ones
-    holds its last steps too. With `keep` only the
+    holds its last steps too; it replaces a checkpoint of this process
+    written less than half an interval before. With `keep` only the
     newest `keep` are kept (the run keeps at least those averaging reads;
     `best.keras` is apart).
 
@@ -87,8 +88,12 @@ class Checkpoints(keras.callbacks.Callback):
             path = os.path.join(
                 self.folder, f"step-{optimizer_steps(self.model.optimizer):09d}.keras"
             )
-            if not os.path.exists(path):  # not written at this step already
-                self._write(path)
+            if os.path.exists(path):  # written at this step already
+                return
+            recent = self.written and self.clock() - self._last < 30.0 * self.minutes
+            if recent:  # less than half an interval ago: this one takes its place
+                os.remove(self.written.pop())
+            self._write(path)
 
     def _write(self, path):
         os.makedirs(self.folder, exist_ok=True)

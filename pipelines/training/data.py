@@ -303,9 +303,10 @@ def train_vocabulary(config, sample, spm_path):
 def extend_source_vocabulary(config, source, train_dir, spm_path):
     """Writes `spm_path`: the source's vocabulary and the pieces the run's data adds.
 
-    The added pieces are those of an `extend_vocabulary`-piece vocabulary
-    trained on the run's sample (`train_vocabulary`'s settings) that the
-    source's lacks (`vocabulary_extension.extended_model`).
+    The added pieces are those of an `extend_vocabulary`-piece BPE vocabulary
+    trained on the run's sample (with the run's `train_vocabulary` settings)
+    that the source's lacks (`vocabulary_extension.extended_model`); the
+    source's normalisation and options stay (its `byte_fallback` too).
 
     Args:
         config: the run's `TrainConfig`.
@@ -328,8 +329,11 @@ def extend_source_vocabulary(config, source, train_dir, spm_path):
     with atomic_output(spm_path) as path, open(path, "wb") as handle:
         handle.write(data)
     os.remove(staging)
-    logger.info("extend_vocabulary: %d pieces added to %s's %d: %s", len(added),
-                source.vocabulary, tokenizer.vocabulary_size(spm_path) - len(added),
+    old_size = tokenizer.vocabulary_size(spm_path) - len(added)
+    sample = (sentence for pair in _sample_pairs(train_dir)() for sentence in pair)
+    used = vocabulary_extension.pieces_used(data, sample, old_size)
+    logger.info("extend_vocabulary: %d pieces added to %s's %d, %d of them in the new data's "
+                "sample: %s", len(added), source.vocabulary, old_size, used,
                 " ".join(added[:20]) + (" ..." if len(added) > 20 else ""))  # fmt: skip
 
 

@@ -119,7 +119,7 @@ def validation_scorer(config, out_dir, validation_pairs):
         or None where the run scores no validation decode.
     """
     count = config.output.validation_sentences
-    if count and not validation_pairs:
+    if count and config.data.corpus == "files" and not config.data.validation_files:
         logger.warning(
             "validation_sentences %d: the run has no validation data (--validation-files), "
             "so no BLEU while it trains", count

@@ -3,8 +3,9 @@
 The new run is a run of its own (its schedule, data and output folder), but
 its model is the source's: the architecture settings are read from the
 source's `.keras` file, its SentencePiece file is copied byte for byte (no
-vocabulary is trained), and the built model takes the source's weights
-before the first step. A resumed fine-tuning run continues from its own
+vocabulary is trained; with `extend_vocabulary` it is grown, and so is the
+embedding: `load_source_weights`), and the built model takes the source's
+weights before the first step. A resumed fine-tuning run continues from its own
 backup, which `RunBackup` restores over those weights.
 """
 
@@ -220,12 +221,8 @@ def apply_source(config, given):
     config.batching.target_vocabulary = target_vocabulary_path(source.vocabulary) != (
         source.vocabulary
     )
-    if config.batching.extend_vocabulary and (config.batching.target_vocabulary or source.tags):
-        kind = "a vocabulary a side" if config.batching.target_vocabulary else "a parser's tags"
-        raise ConfigError(
-            f"extend_vocabulary: {source.vocabulary} comes with {kind}; only a joint "
-            "translation vocabulary grows"
-        )
+    if config.batching.extend_vocabulary:
+        _check_extendable(config, source)
     asked = {}
     if "preset" in given and config.model.preset:
         asked.update(PRESETS[config.model.preset])
@@ -257,6 +254,25 @@ def apply_source(config, given):
     if taken:
         logger.info("init_from: the source run's %s", ", ".join(taken))
     return source
+
+
+def _check_extendable(config, source):
+    """Refuses `extend_vocabulary` for a source whose vocabulary cannot grow, before any work."""
+    from pipelines.data.vocabulary_extension import model_type
+    from pipelines.training.heldout import is_parser
+
+    kind = None
+    if config.batching.target_vocabulary:
+        kind = "comes with a vocabulary a side"
+    elif source.tags or is_parser(config) or config.batching.whole_target_tokens:
+        kind = "is a parser's (whole target tokens)"
+    elif model_type(source.vocabulary) != "bpe":
+        kind = f"is a {model_type(source.vocabulary)} model"
+    if kind:
+        raise ConfigError(
+            f"extend_vocabulary: {source.vocabulary} {kind}; only a joint BPE translation "
+            "vocabulary grows"
+        )
 
 
 def copy_vocabulary(source, out_dir):

@@ -113,6 +113,11 @@ def build_model(config, spm_path):
         arguments = source_model_arguments(source, arguments)
         grown = tokenizer.vocabulary_size(spm_path)  # larger with extend_vocabulary
         if grown != arguments["vocabulary_size"]:  # a joint vocabulary: only those grow
+            if not config.batching.extend_vocabulary or grown < arguments["vocabulary_size"]:
+                raise ConfigError(
+                    f"init_from: {spm_path} has {grown} pieces and {source.model} "
+                    f"{arguments['vocabulary_size']}: not the source's vocabulary"
+                )
             arguments.update(vocabulary_size=grown, target_vocabulary_size=grown)
     model = kt.Transformer(**arguments)
     model.build(((None, None), (None, None)))

@@ -21,7 +21,11 @@ from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, contr
 from pipelines.serving.saved_model import Translator, export
 from pipelines.serving.translation import decode, encode, translate_strings
 from pipelines.serving.versions import next_version
-from pipelines.serving.warmup import batcher_accepts, read_warmup_requests
+from pipelines.serving.warmup import (
+    batcher_accepts,
+    read_warmup_requests,
+    write_warmup_requests,
+)
 from tests.pipelines.conftest import tiny_translation_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -687,6 +691,12 @@ def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(export
     argv = [*argv[: argv.index("batched")], "plain"]
     assert export_command.main(argv) == 0
     assert export_settings(str(tmp_path / "plain" / "1"))["batching"] is False
+    # The docs' in-place rewrite of an export's warm-up: its record follows.
+    write_warmup_requests(str(tmp_path / "plain" / "1"), batching=True)
+    assert export_settings(str(tmp_path / "plain" / "1"))["batching"] is True
+    assert read_warmup_requests(str(tmp_path / "plain" / "1"))[0].SerializeToString() == (
+        batched[0].SerializeToString()
+    )
 
 
 def test_word_alignments_join_pieces_into_words():

@@ -137,10 +137,14 @@ def test_average_takes_a_runs_newest_checkpoints(tmp_path, capsys):
                          strict=True):  # fmt: skip
         np.testing.assert_array_equal(got, want)
     assert "Averaged 2 checkpoints" in capsys.readouterr().out
+    argv = ["--run-dir", str(tmp_path / "run"), "--last", "9", "--output", str(output)]
+    assert average.main(argv) == 0
+    assert "warning: --last 9: " in capsys.readouterr().out  # three there, all averaged
     for argv, says in (
         (["--run-dir", str(tmp_path / "run")], "--run-dir needs --last N"),
         ([str(output), "--run-dir", str(tmp_path / "run"), "--last", "2"], "one of the two"),
         (["--run-dir", str(tmp_path), "--last", "2"], "holds no epoch- or step- file"),
+        ([str(output), "--last", "2"], "--last counts a run's checkpoints: give --run-dir"),
     ):
         assert average.main([*argv, "--output", str(tmp_path / "x.keras")]) == 2
         assert says in capsys.readouterr().err

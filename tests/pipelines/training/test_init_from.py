@@ -232,7 +232,7 @@ def test_extend_vocabulary_needs_a_joint_translation_source(source, tmp_path, ca
     shutil.copy(sided / "sentencepiece.model", sided / "sentencepiece.target.model")
     err = refused(capsys, "--output-dir", str(tmp_path / "b"), "--init-from", str(sided),
                   "--set", "extend_vocabulary=100")  # fmt: skip
-    assert "comes with a vocabulary a side; only a joint translation vocabulary grows" in err
+    assert "comes with a vocabulary a side; only a joint BPE translation vocabulary grows" in err
     assert not (tmp_path / "b").exists()
     # More pieces than the new data holds: one line naming the setting, no vocabulary written.
     err = refused(capsys, "--output-dir", str(tmp_path / "c"), "--init-from", str(source),

@@ -79,6 +79,14 @@ def test_checkpoints_hold_weights_alone_and_the_oldest_are_removed(tmp_path):
     last = keras.saving.load_model(checkpoints.written[-1])
     for expected, actual in zip(trainer.model.get_weights(), last.get_weights(), strict=True):
         np.testing.assert_array_equal(actual, expected)
+    # An end less than half an interval after the last checkpoint replaces it.
+    clock = iter(range(0, 10_000, 100)).__next__
+    close = Checkpoints(str(tmp_path / "close"), minutes=10, clock=clock)
+    tiny_trainer().fit(batches(2), steps=13, steps_per_epoch=13, callbacks=[close], verbose=0)
+    assert sorted(os.listdir(tmp_path / "close")) == [
+        "step-000000006.keras",
+        "step-000000013.keras",
+    ]
     path = os.path.join(str(tmp_path), "all.keras")
     save_weights_checkpoint(trainer.model, path)
     with zipfile.ZipFile(path) as archive, archive.open("model.weights.h5") as weights:

@@ -9,12 +9,11 @@ least one dimension"), so an export for it (`export(..., batching=True)`,
 scalars; every other signature is batch-major and stays in.
 """
 
-import json
 import os
 
 import tensorflow as tf
 
-from pipelines.files import write_json
+from pipelines.files import read_json, write_json
 from pipelines.serving.client import SETTINGS_FILE, SIGNATURE_INPUT
 from pipelines.serving.controls import CONTROLS, NEUTRAL
 
@@ -133,9 +132,7 @@ def write_warmup_requests(saved_model_dir, batching=False):
             writer.write(log.SerializeToString())
     settings = os.path.join(saved_model_dir, SETTINGS_FILE)
     if os.path.exists(settings):  # a version's warm-up rewritten in place: its record follows
-        with open(settings, encoding="utf-8") as handle:
-            recorded = json.load(handle)
-        write_json(settings, {**recorded, "batching": batching})
+        write_json(settings, {**read_json(settings), "batching": batching})
     return path
 
 

@@ -76,8 +76,7 @@ class Checkpoints(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.minutes and self.clock() - self._last >= 60.0 * self.minutes:
-            step = optimizer_steps(self.model.optimizer)
-            self._write(os.path.join(self.folder, f"step-{step:09d}.keras"))
+            self._write(self._step_path())
 
     def on_epoch_end(self, epoch, logs=None):
         if not self.minutes:
@@ -85,15 +84,17 @@ class Checkpoints(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         if self.minutes and math.isfinite((logs or {}).get("loss", 0.0)):
-            path = os.path.join(
-                self.folder, f"step-{optimizer_steps(self.model.optimizer):09d}.keras"
-            )
+            path = self._step_path()
             if os.path.exists(path):  # written at this step already
                 return
             recent = self.written and self.clock() - self._last < 30.0 * self.minutes
             if recent:  # less than half an interval ago: this one takes its place
                 os.remove(self.written.pop())
             self._write(path)
+
+    def _step_path(self):
+        step = optimizer_steps(self.model.optimizer)
+        return os.path.join(self.folder, f"step-{step:09d}.keras")
 
     def _write(self, path):
         os.makedirs(self.folder, exist_ok=True)

@@ -21,7 +21,7 @@ import sentencepiece
 
 from keras_transformer.models.presets import PRESETS
 from pipelines.data.vocabularies import target_vocabulary_path
-from pipelines.data.vocabulary_extension import spellings
+from pipelines.data.vocabulary_extension import model_type, spellings
 from pipelines.errors import ConfigError
 from pipelines.files import atomic_output
 from pipelines.parsing.corpus import tags_path
@@ -258,7 +258,6 @@ def apply_source(config, given):
 
 def _check_extendable(config, source):
     """Refuses `extend_vocabulary` for a source whose vocabulary cannot grow, before any work."""
-    from pipelines.data.vocabulary_extension import model_type
     from pipelines.training.heldout import is_parser
 
     kind = None
@@ -266,8 +265,8 @@ def _check_extendable(config, source):
         kind = "comes with a vocabulary a side"
     elif source.tags or is_parser(config) or config.batching.whole_target_tokens:
         kind = "is a parser's (whole target tokens)"
-    elif model_type(source.vocabulary) != "bpe":
-        kind = f"is a {model_type(source.vocabulary)} model"
+    elif (found := model_type(source.vocabulary)) != "bpe":
+        kind = f"is a {found} model"
     if kind:
         raise ConfigError(
             f"extend_vocabulary: {source.vocabulary} {kind}; only a joint BPE translation "

@@ -12,6 +12,7 @@ Masks:
 """
 
 from keras_transformer.decoding import (
+    DecodingControls,
     beam_search,
     greedy_search,
     length_penalty,
@@ -37,6 +38,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "PRESETS",
+    "DecodingControls",
     "Decoder",
     "DecoderLayer",
     "Encoder",

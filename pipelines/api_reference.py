@@ -16,7 +16,7 @@ import keras_transformer
 from keras_transformer import decoding, layers, tokenizers
 from pipelines import evaluation
 from pipelines.data import batching, corpus, tokenizer
-from pipelines.serving import client, ctranslate2, saved_model, translation
+from pipelines.serving import client, ctranslate2, sampling, saved_model, translation
 from pipelines.training import checkpoints, jax_trainer, loading, optimizers, trainer
 
 MODULES = (keras_transformer, layers, decoding, tokenizers)
@@ -30,8 +30,8 @@ PAGES = (
      "EncoderLayer Encoder DecoderLayer Decoder"),
     ("decoding.md", "Decoding", decoding,
      "greedy_search beam_search sample score_hypotheses length_penalty PENALTY_FORMS"),
-    ("decoding-helpers.md", "Decoding: constraints and the helpers the searches share", None,
-     "BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
+    ("decoding-helpers.md", "Decoding: controls, constraints and the helpers the searches share",
+     None, "DecodingControls BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
      "RecomputedSteps guide ban_special_tokens end_at_limit force_prefix gather_rows write_column"),
     ("tokenizers.md", "Tokenizers: your text to the model's ids and back", tokenizers,
      "train_sentencepiece SentencePieceTokenizer sentencepiece_model_bytes SPECIAL_IDS"),
@@ -56,7 +56,7 @@ PIPELINE_PAGES = (
     ("pipelines-serving.md", "Pipelines: translating with an export or a model", (
         (client, "load_signature export_settings translate_lines call_in_batches "
                  "word_alignments"),
-        (translation, "translate_strings sample_strings score_strings"),
+        (translation, "translate_strings score_strings"), (sampling, "sample_strings"),
         (evaluation, "translate score"))),
 )  # fmt: skip
 OURS = ("keras_transformer", "pipelines")  # the packages whose classes' members are documented

@@ -140,7 +140,7 @@ def test_apply_controls_cuts_each_row_as_the_rules_say(model):  # noqa: F811
         keras.ops.convert_to_tensor(history),
         keras.ops.convert_to_tensor(index, "int32"),
         keras.ops.arange(3, dtype="int32"),
-        check_controls(**rules),
+        check_controls(rules),
     )
     cut = to_numpy(cut)
     for row in range(3):
@@ -171,7 +171,7 @@ def test_greedy_search_applies_each_control_as_the_numpy_rule(model, ending_mode
     for use_cache, static_shapes in search_options() if "all" in name else [(True, None)]:
         tokens = greedy_search(
             model, SOURCES, extra_length=EXTRA, use_cache=use_cache,
-            static_shapes=static_shapes, **controls,
+            static_shapes=static_shapes, controls=controls,
         )  # fmt: skip
         assert rows(tokens) == expected, (use_cache, static_shapes)
     # Nothing changes before the first step where the control bites.
@@ -189,7 +189,10 @@ def test_disable_unk_bans_the_models_unknown_token(model, monkeypatch):  # noqa:
     monkeypatch.setattr(model, "unk_id", produced)
     expected = reference_greedy(model, {"disable_unk": True})
     assert all(produced not in output for output in expected)
-    assert rows(greedy_search(model, SOURCES, extra_length=EXTRA, disable_unk=True)) == expected
+    assert (
+        rows(greedy_search(model, SOURCES, extra_length=EXTRA, controls={"disable_unk": True}))
+        == expected
+    )
 
 
 def test_controls_start_after_a_target_prefix_and_count_it(model):  # noqa: F811
@@ -198,7 +201,9 @@ def test_controls_start_after_a_target_prefix_and_count_it(model):  # noqa: F811
     prefix = np.array([[plain[0][0], 7, 7, 7], [5, 5, PAD, PAD], [PAD] * 4], "int32")
     controls = {"no_repeat_ngram_size": 1, "banned_tokens": [plain[0][0]], "min_length": 9}
     expected = reference_greedy(model, controls, prefix)
-    tokens = greedy_search(model, SOURCES, extra_length=EXTRA, target_prefix=prefix, **controls)
+    tokens = greedy_search(
+        model, SOURCES, extra_length=EXTRA, target_prefix=prefix, controls=controls
+    )
     assert rows(tokens) == expected
     assert expected[0][:4] == list(prefix[0]) and expected[1][:2] == [5, 5]
     assert all(len(output) >= 10 or output[-1] != EOS for output in expected)
@@ -219,7 +224,13 @@ def replayed_score(model, source, output, controls, alpha):  # noqa: F811
 def test_beam_hypotheses_keep_the_rules_and_score_the_cut_distribution(model, name):  # noqa: F811
     controls = controls_that_bite(model)[name]
     tokens, scores = beam_search(
-        model, SOURCES, beam_size=4, num_hypotheses=3, alpha=0.6, extra_length=EXTRA, **controls
+        model,
+        SOURCES,
+        beam_size=4,
+        num_hypotheses=3,
+        alpha=0.6,
+        extra_length=EXTRA,
+        controls=controls,
     )
     tokens, scores = to_numpy(tokens), to_numpy(scores)
     for sentence, source in enumerate(SOURCES):
@@ -230,17 +241,19 @@ def test_beam_hypotheses_keep_the_rules_and_score_the_cut_distribution(model, na
                 assert cut[token] != -np.inf, (sentence, hypothesis, index)
             expected = replayed_score(model, source, output, controls, 0.6)
             np.testing.assert_allclose(scores[sentence, hypothesis], expected, rtol=1e-4, atol=1e-4)
-    one = beam_search(model, SOURCES, beam_size=1, alpha=0.0, extra_length=EXTRA, **controls)[0]
-    greedy = greedy_search(model, SOURCES, extra_length=EXTRA, **controls)
+    one = beam_search(
+        model, SOURCES, beam_size=1, alpha=0.0, extra_length=EXTRA, controls=controls
+    )[0]
+    greedy = greedy_search(model, SOURCES, extra_length=EXTRA, controls=controls)
     np.testing.assert_array_equal(to_numpy(one)[:, 0], to_numpy(greedy))
 
 
 def test_sampling_with_top_k_one_follows_the_controls_as_greedy_search(model):  # noqa: F811
     controls = controls_that_bite(model)["all"]
     tokens, _ = sample(
-        model, SOURCES, num_samples=2, top_k=1, extra_length=EXTRA, seed=1, **controls
+        model, SOURCES, num_samples=2, top_k=1, extra_length=EXTRA, seed=1, controls=controls
     )
-    greedy = to_numpy(greedy_search(model, SOURCES, extra_length=EXTRA, **controls))
+    greedy = to_numpy(greedy_search(model, SOURCES, extra_length=EXTRA, controls=controls))
     np.testing.assert_array_equal(to_numpy(tokens), np.repeat(greedy[:, None], 2, axis=1))
 
 
@@ -264,7 +277,7 @@ def test_per_sentence_settings_equal_each_sentences_own_search(model):  # noqa: 
     per_sentence["banned_tokens"] = np.array(
         [[[first[0], first[1]]], [[-1, first[0]]], [[-1, -1]]], "int32"
     )
-    together = rows(greedy_search(model, SOURCES, extra_length=EXTRA, **per_sentence))
+    together = rows(greedy_search(model, SOURCES, extra_length=EXTRA, controls=per_sentence))
     plain = plain_greedy(model)
     for sentence, row in enumerate(settings):
         alone = {**row, "max_length": row["max_length"] or None}
@@ -286,7 +299,7 @@ def test_per_sentence_settings_equal_each_sentences_own_search(model):  # noqa: 
 )
 def test_bad_controls_are_named(model, arguments, message):  # noqa: F811
     with pytest.raises(ValueError, match=message):
-        greedy_search(model, SOURCES, **arguments)
+        greedy_search(model, SOURCES, controls=arguments)
 
 
 def test_banned_sequences_are_right_aligned():
@@ -296,9 +309,13 @@ def test_banned_sequences_are_right_aligned():
 
 def test_banned_ids_as_an_array_or_a_set_are_single_tokens(model):  # noqa: F811
     first = plain_greedy(model)[0][0]
-    expected = rows(greedy_search(model, SOURCES, extra_length=EXTRA, banned_tokens=[first]))
+    expected = rows(
+        greedy_search(model, SOURCES, extra_length=EXTRA, controls={"banned_tokens": [first]})
+    )
     for banned in (np.array([first]), {first}):
-        tokens = greedy_search(model, SOURCES, extra_length=EXTRA, banned_tokens=banned)
+        tokens = greedy_search(
+            model, SOURCES, extra_length=EXTRA, controls={"banned_tokens": banned}
+        )
         assert rows(tokens) == expected
 
 
@@ -306,8 +323,44 @@ def test_a_target_prefix_counts_toward_the_minimum_length(ending_model):
     """The ending model would end at once: the minimum alone decides where its outputs end."""
     prefix = np.array([[5, 5, 5], [6, 6, PAD], [PAD] * 3], "int32")
     tokens = rows(
-        greedy_search(ending_model, SOURCES, extra_length=EXTRA, target_prefix=prefix, min_length=4)
+        greedy_search(
+            ending_model,
+            SOURCES,
+            extra_length=EXTRA,
+            target_prefix=prefix,
+            controls={"min_length": 4},
+        )
     )
     assert tokens == reference_greedy(ending_model, {"min_length": 4}, prefix)
     assert [len(output) for output in tokens] == [5, 5, 5]  # 4 tokens, prefix included, then EOS
     assert all(output[-1] == EOS for output in tokens)
+
+
+def test_decoding_controls_as_a_value_equal_the_dict_and_check_tensors_row_by_row(model):  # noqa: F811
+    from keras_transformer import DecodingControls
+
+    controls = {"no_repeat_ngram_size": 2, "banned_tokens": [[4, 5], 6], "disable_unk": True}
+    as_dict = rows(greedy_search(model, SOURCES, extra_length=EXTRA, controls=controls))
+    value = DecodingControls(**controls)
+    assert rows(greedy_search(model, SOURCES, extra_length=EXTRA, controls=value)) == as_dict
+    assert DecodingControls().active() is None  # every control neutral: the plain search
+    assert DecodingControls(max_length=None).max_length == 0
+    with pytest.raises(ValueError, match="Unknown decoding controls: \\['no_repeat'\\]"):
+        greedy_search(model, SOURCES, controls={"no_repeat": 2})
+    with pytest.raises(TypeError, match="Received: list"):
+        greedy_search(model, SOURCES, controls=[2])
+    # The same rules check one value a sentence: row 1's penalty, row 2's lengths.
+    tensors = {
+        "no_repeat_ngram_size": np.array([0, 2, 1]),
+        "repetition_penalty": np.array([1.0, 0.0, 1.2]),
+        "min_length": np.array([0, 0, 5]),
+        "max_length": np.array([0, 3, 4]),
+        "disable_unk": np.array([False, True, False]),
+    }
+    invalid = {
+        message: np.flatnonzero(~np.asarray(valid))
+        for valid, message, _ in DecodingControls.rules(tensors)
+    }
+    assert invalid["repetition_penalty must be positive and finite"].tolist() == [1]
+    assert invalid["min_length must not exceed max_length"].tolist() == [2]
+    assert sum(len(rows) for rows in invalid.values()) == 2

@@ -72,10 +72,26 @@ def test_the_decoding_guide_runs(tmp_path, monkeypatch):
     assert tuple(namespace["best"].shape)[:2] == (2, 2)
 
 
+def test_the_decoding_controls_page_runs(tmp_path, monkeypatch):
+    """docs/decoding-controls.md: the controls cut, and a prefix leads each beam output."""
+    monkeypatch.chdir(tmp_path)
+    namespace = run_python_blocks(ROOT / "docs" / "decoding-controls.md")
+    tokens = np.asarray(namespace["prefixed"][0])  # (B, 1, T)
+    np.testing.assert_array_equal(tokens[:, 0, 0], namespace["source_ids"][:, 0])
+    assert not np.isin(np.asarray(namespace["controlled"]), [42]).any()
+
+
 def test_every_python_block_in_the_docs_runs_in_a_test():
     """Core pages run here on every backend; pages that need TensorFlow in tests/pipelines."""
     # tf-serving.md's gRPC requests: tests/pipelines/serving/test_saved_model.py.
-    tested = {"README.md", "decoding.md", "training.md", "tf-serving.md", "your-own-text.md"}
+    tested = {
+        "README.md",
+        "decoding.md",
+        "decoding-controls.md",
+        "training.md",
+        "tf-serving.md",
+        "your-own-text.md",
+    }
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     with_python = {p.name for p in pages if "```python" in p.read_text(encoding="utf-8")}
     assert with_python <= tested, with_python - tested

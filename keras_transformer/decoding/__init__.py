@@ -29,6 +29,7 @@ divide), where `|Y|` counts the produced tokens, end-of-sequence included.
 
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.constraints import BracketConstraint
+from keras_transformer.decoding.controls import DecodingControls
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.sampling import filter_log_probs, sample
 from keras_transformer.decoding.steps import (
@@ -53,6 +54,7 @@ __all__ = [
     "IMPOSSIBLE",
     "PENALTY_FORMS",
     "CachedSteps",
+    "DecodingControls",
     "RecomputedSteps",
     "SearchSetup",
     "ban_special_tokens",

@@ -235,12 +235,7 @@ def beam_search(
     target_prefix=None,
     return_attention=False,
     constraint=None,
-    no_repeat_ngram_size=0,
-    repetition_penalty=1.0,
-    min_length=0,
-    max_length=None,
-    disable_unk=False,
-    banned_tokens=None,
+    controls=None,
     penalty_form="gnmt",
     end_at_limit=False,
 ):
@@ -281,9 +276,8 @@ def beam_search(
             `greedy_search` returns them).
         constraint: callable or None, restricts each hypothesis's next
             token (see `greedy_search`).
-        no_repeat_ngram_size, repetition_penalty, min_length, max_length,
-            disable_unk, banned_tokens: decoding controls, each hypothesis's
-            own output checked (see `greedy_search`); the scores are
+        controls: `DecodingControls`, a dict of its fields, or None: each
+            hypothesis's own output checked (see `greedy_search`); the scores are
             log-probabilities of the cut distribution.
         penalty_form: "gnmt" (the paper's) or "power" (`transformers`'), the
             length penalty's form (`length_penalty`).
@@ -310,10 +304,7 @@ def beam_search(
         Vaswani et al., 2017, section 6.1; Wu et al., 2016, section 7.
     """
     _check_sizes(beam_size, num_hypotheses)
-    controls = check_controls(
-        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
-        banned_tokens,
-    )  # fmt: skip
+    controls = check_controls(controls)
     options = (max_output_length, extra_length, use_cache, static_shapes, return_attention)
     penalty_offset(penalty_form)  # checks it
     search = {"prefix": check_prefix(target_prefix), "constraint": constraint}

@@ -29,7 +29,9 @@ the sizes and lengths, float `(B,)` for the penalty, bool `(B,)` for
 `disable_unk`, and int `(B, N, L)` for banned sequences.
 """
 
+import dataclasses
 import numbers
+from typing import Any, ClassVar
 
 import numpy as np
 from keras import ops
@@ -72,69 +74,155 @@ def _is_python(value):
     return isinstance(value, (numbers.Number, bool)) or value is None
 
 
-def check_controls(
-    no_repeat_ngram_size=0,
-    repetition_penalty=1.0,
-    min_length=0,
-    max_length=None,
-    disable_unk=False,
-    banned_tokens=None,
-):
-    """The controls a search was given, checked, as a dict; None when all are off.
+@dataclasses.dataclass(frozen=True, eq=False)  # eq: banned_tokens may be an array
+class DecodingControls:
+    """The decoding controls of a search, checked, with their neutral values.
 
-    Python values are checked here (tensors are the caller's to check), and
-    controls left at their defaults are dropped, so a search without them
-    traces exactly as before.
+    One value holds all six controls (the module docstring gives their
+    rules); every search takes it as `controls=` (or a dict of its fields),
+    and the SavedModel's signatures, `kt translate` and the checks of
+    per-sentence tensors derive their names, dtypes and neutral values from
+    `SETTINGS`. A control left at its neutral value costs nothing: the search
+    traces as without it.
+
+    Each setting is a Python value, the same for every sentence, or a tensor
+    with one value a sentence: int `(B,)` for the sizes and lengths, float
+    `(B,)` for the penalty, bool `(B,)` for `disable_unk`. Python values are
+    checked here; tensors with `rules`, by the caller, in its own graph.
 
     Args:
-        See the module docstring; `banned_tokens` is an iterable of ids and
-        id sequences, or an int tensor `(N, L)` or `(B, N, L)` as
-        `banned_sequences` lays it out.
+        no_repeat_ngram_size: int, no n-gram of this size occurs twice (0: off).
+        repetition_penalty: float > 0, rescales the logits of tokens already
+            produced (1: off).
+        min_length: int, the end token is banned before this many tokens (0: off).
+        max_length: int or None, the most tokens of an output, the end
+            included (0 or None: the search's own limit).
+        disable_unk: bool, the model's `unk_id` is never produced.
+        banned_tokens: None, an iterable whose items are token ids (banned
+            everywhere) or id sequences (the last id banned where the output
+            ends with the others), or an int tensor `(N, L)` or `(B, N, L)`
+            laid out as `banned_sequences` lays them out.
 
-    Returns:
-        dict or None.
+    Example:
+    >>> controls = DecodingControls(no_repeat_ngram_size=3, banned_tokens=[7, (5, 9)])
+    >>> sorted(controls.active())
+    ['banned_tokens', 'no_repeat_ngram_size']
     """
-    given = {
-        "no_repeat_ngram_size": no_repeat_ngram_size,
-        "repetition_penalty": repetition_penalty,
-        "min_length": min_length,
-        "max_length": max_length,
-        "disable_unk": disable_unk,
+
+    # Each setting's dtype and neutral value (banned_tokens aside: None).
+    SETTINGS: ClassVar[dict] = {
+        "no_repeat_ngram_size": ("int32", 0),
+        "repetition_penalty": ("float32", 1.0),
+        "min_length": ("int32", 0),
+        "max_length": ("int32", 0),
+        "disable_unk": ("bool", False),
     }
-    for name in ("no_repeat_ngram_size", "min_length", "max_length"):
-        value = given[name]
-        if _is_python(value) and value is not None and value < 0:
-            raise ValueError(f"{name} must be 0 (off) or positive. Received: {name}={value}")
-    if _is_python(repetition_penalty) and not 0 < repetition_penalty < float("inf"):
-        raise ValueError(
-            "repetition_penalty must be positive and finite. "
-            f"Received: repetition_penalty={repetition_penalty}"
+
+    no_repeat_ngram_size: Any = 0
+    repetition_penalty: Any = 1.0
+    min_length: Any = 0
+    max_length: Any = 0
+    disable_unk: Any = False
+    banned_tokens: Any = None
+
+    def __post_init__(self):
+        if self.max_length is None:
+            object.__setattr__(self, "max_length", 0)
+        settings = self.settings()
+        python = {name: value for name, value in settings.items() if _is_python(value)}
+        for valid, message, names in self.rules(settings):
+            if all(name in python for name in names) and not valid:
+                shown = ", ".join(f"{name}={python[name]}" for name in names)
+                raise ValueError(f"{message}. Received: {shown}")
+        if self.banned_tokens is not None and not hasattr(self.banned_tokens, "shape"):
+            object.__setattr__(self, "banned_tokens", banned_sequences(list(self.banned_tokens)))
+
+    @classmethod
+    def coerce(cls, controls):
+        """`controls` as a `DecodingControls`: one already, a dict of its fields, or None."""
+        if controls is None or isinstance(controls, cls):
+            return controls
+        if isinstance(controls, dict):
+            unknown = sorted(set(controls) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise ValueError(
+                    f"Unknown decoding controls: {unknown}. Known: {sorted(cls.SETTINGS)} and "
+                    "banned_tokens"
+                )
+            return cls(**controls)
+        raise TypeError(
+            "controls must be a DecodingControls, a dict of its fields or None. "
+            f"Received: {type(controls).__name__}"
         )
-    if _is_python(max_length) and _is_python(min_length) and max_length and min_length > max_length:
-        raise ValueError(
-            "min_length must not exceed max_length. Received: "
-            f"min_length={min_length}, max_length={max_length}"
-        )
-    off = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "min_length": 0,
-           "max_length": None, "disable_unk": False}  # fmt: skip
-    controls = {
-        name: value
-        for name, value in given.items()
-        if not (_is_python(value) and (value == off[name] or value is None))
-    }
-    if banned_tokens is not None:
-        if not hasattr(banned_tokens, "shape"):  # ids and sequences of them
-            banned_tokens = banned_sequences(list(banned_tokens))
-        elif len(banned_tokens.shape) == 1:  # ids
-            banned_tokens = ops.expand_dims(banned_tokens, -1)
-        if len(banned_tokens.shape) not in (2, 3):
-            raise ValueError(
-                "banned_tokens must be ids and id sequences, or a tensor (N, L) or (B, N, L). "
-                f"Received: shape={banned_tokens.shape}"
-            )
-        if banned_tokens.shape[-2] != 0:  # none banned: nothing to do
-            controls["banned_tokens"] = ops.convert_to_tensor(banned_tokens, "int32")
-    return controls or None
+
+    def settings(self):
+        """The five settings other than `banned_tokens`, by name (dict)."""
+        return {name: getattr(self, name) for name in self.SETTINGS}
+
+    @staticmethod
+    def rules(settings):
+        """The checks of the settings: `[(valid, message, names)]`.
+
+        Each `valid` is a bool for Python values or a bool tensor `(B,)` for
+        a sentence's values (written with operators, so it is either), and
+        `names` the settings it reads.
+
+        Args:
+            settings: dict of the five settings (`SETTINGS`' names).
+        """
+        size, penalty = settings["no_repeat_ngram_size"], settings["repetition_penalty"]
+        shortest, longest = settings["min_length"], settings["max_length"]
+        return [
+            (
+                size >= 0,
+                "no_repeat_ngram_size must be 0 (off) or positive",
+                ["no_repeat_ngram_size"],
+            ),
+            (
+                (penalty > 0) & (penalty < float("inf")),
+                "repetition_penalty must be positive and finite",
+                ["repetition_penalty"],
+            ),
+            (shortest >= 0, "min_length must be 0 (off) or positive", ["min_length"]),
+            (longest >= 0, "max_length must be 0 (off) or positive", ["max_length"]),
+            (
+                (longest == 0) | (shortest <= longest),
+                "min_length must not exceed max_length",
+                ["min_length", "max_length"],
+            ),
+        ]
+
+    def active(self):
+        """The controls a search applies, as a dict; None when all are neutral.
+
+        Python values at their neutral value are dropped, so a search without
+        controls traces exactly as before; tensors are kept. `banned_tokens`
+        becomes an int32 tensor `(N, L)` or `(B, N, L)`, dropped when it bans
+        nothing.
+        """
+        controls = {
+            name: value
+            for name, value in self.settings().items()
+            if not (_is_python(value) and value == self.SETTINGS[name][1])
+        }
+        banned = self.banned_tokens
+        if banned is not None:
+            if len(banned.shape) == 1:  # ids
+                banned = ops.expand_dims(banned, -1)
+            if len(banned.shape) not in (2, 3):
+                raise ValueError(
+                    "banned_tokens must be ids and id sequences, or a tensor (N, L) or "
+                    f"(B, N, L). Received: shape={banned.shape}"
+                )
+            if banned.shape[-2] != 0:  # none banned: nothing to do
+                controls["banned_tokens"] = ops.convert_to_tensor(banned, "int32")
+        return controls or None
+
+
+def check_controls(controls):
+    """A search's `controls` argument as the dict the steps read, or None (`active`)."""
+    controls = DecodingControls.coerce(controls)
+    return None if controls is None else controls.active()
 
 
 def limit_lengths(limits, controls):

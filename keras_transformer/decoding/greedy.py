@@ -26,12 +26,7 @@ def greedy_search(
     target_prefix=None,
     return_attention=False,
     constraint=None,
-    no_repeat_ngram_size=0,
-    repetition_penalty=1.0,
-    min_length=0,
-    max_length=None,
-    disable_unk=False,
-    banned_tokens=None,
+    controls=None,
     penalty_form="gnmt",
     end_at_limit=False,
 ):
@@ -62,21 +57,12 @@ def greedy_search(
             index, source_ids (R, S), limits (R,)) -> log_probs (R, V)` with
             the tokens a row may not produce next made impossible (such as a
             `BracketConstraint`).
-        no_repeat_ngram_size: int, no n-gram of this size occurs twice in
-            an output (0: off).
-        repetition_penalty: float > 0, divides the logits (multiplies the
-            negative ones) of tokens already in the output (1: off).
-        min_length: int, the end token is banned before this many tokens.
-        max_length: int or None, the most tokens a sentence may produce,
-            the end token included, within its own limit above.
-        disable_unk: bool, never produce `model.unk_id`.
-        banned_tokens: ids and id sequences never to produce (a
-            sequence's last id is banned where the output ends with the
-            others), or an int tensor as `banned_sequences` lays them out.
-            These six controls cut the logits before the softmax, so the
-            choices and the returned scores follow the cut distribution
-            (as CTranslate2's do); each may also be a tensor with one value
-            a sentence. See `keras_transformer.decoding.controls`.
+        controls: `DecodingControls`, a dict of its fields, or None:
+            repetition, length and banned-token controls. They cut the
+            logits before the softmax, so the choices and the returned scores
+            follow the cut distribution (as CTranslate2's do); each may be a
+            tensor with one value a sentence. See
+            `keras_transformer.decoding.controls`.
         penalty_form: "gnmt" or "power", the length penalty's form
             (`length_penalty`).
         end_at_limit: bool, a row's last allowed token is the end token,
@@ -112,10 +98,7 @@ def greedy_search(
             return ops.cast(ids[:, 0], "int32"), values[:, 0]
         return ops.cast(ops.argmax(log_probs, axis=-1), "int32"), ops.max(log_probs, axis=-1)
 
-    controls = check_controls(
-        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
-        banned_tokens,
-    )  # fmt: skip
+    controls = check_controls(controls)
     penalty_offset(penalty_form)  # checks it, scores asked for or not
     options = (max_output_length, extra_length, use_cache, static_shapes, target_prefix)
     tokens, totals, lengths, attention = search_rows(

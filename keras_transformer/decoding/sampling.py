@@ -140,12 +140,7 @@ def sample(
     target_prefix=None,
     return_attention=False,
     uniforms=None,
-    no_repeat_ngram_size=0,
-    repetition_penalty=1.0,
-    min_length=0,
-    max_length=None,
-    disable_unk=False,
-    banned_tokens=None,
+    controls=None,
 ):
     """Draws translations token by token from the model's distribution.
 
@@ -177,9 +172,8 @@ def sample(
             with randomness of their own (the SavedModel draws each
             sentence's from that sentence's seed, so its samples do not
             depend on the request it came in).
-        no_repeat_ngram_size, repetition_penalty, min_length, max_length,
-            disable_unk, banned_tokens: decoding controls, each sample's own
-            output checked (see `greedy_search`); they cut the logits before
+        controls: `DecodingControls`, a dict of its fields, or None: each
+            sample's own output checked (see `greedy_search`); they cut the logits before
             temperature and filtering, and the returned log-probabilities
             are those of the cut distribution.
 
@@ -203,10 +197,7 @@ def sample(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration".
     """
     _check(num_samples, temperature, top_k, top_p)
-    controls = check_controls(
-        no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
-        banned_tokens,
-    )  # fmt: skip
+    controls = check_controls(controls)
     if controls:  # a sentence's settings for each of its samples' rows
         controls = {
             name: value

@@ -18,17 +18,19 @@ line for none); each translation starts with its prefix (`prefix`).
 
 Alignments: `--alignments FILE` writes, for each line, the pairs `i-j` of a
 source word `i` and a translation word `j` that attends to it most (words
-are whitespace-separated, counted from 0; fast_align's format) (`align`).
-Prefixes and alignments use the export's beam size and length penalty.
+are whitespace-separated, counted from 0; fast_align's format) (`align`),
+with the export's beam size and length penalty.
 
 Decoding controls: `--no-repeat-ngram-size N`, `--repetition-penalty P`,
 `--min-length N`, `--max-output-length N` (pieces, the end included; the
 training setting `max_length` is another thing: the longest training pair;
 `--max-length` is still accepted), `--disable-unk`
 and `--banned-words FILE` (one word or phrase a line, never produced) cut each
-step's distribution (`controlled`), with the export's beam size and length
-penalty; they do not combine with `--beam-size`, `--alpha`, prefixes,
-alignments or sampling.
+step's distribution (`controlled`).
+
+Controls and prefixes combine with `--beam-size`, `--alpha`, `--penalty-form`
+and each other (`controlled_search`), and with sampling
+(`controlled_sample`); alignments take none of them.
 
 Sampling (back-translation): any of `--sampling-topk`, `--sampling-topp`,
 `--sampling-temperature` or `--num-samples` draws translations from the
@@ -113,47 +115,44 @@ def _check_settings(args):
     if args.sampling_topp is not None and not 0 < args.sampling_topp <= 1:
         raise ConfigError(f"--sampling-topp must be in (0, 1]. Received: {args.sampling_topp}")
     searched = [_flag(name) for name in ("beam_size", "alpha", "penalty_form") if name in given]
-    guided = [_flag(name) for name in ("prefix_file", "alignments") if name in given]
     controlled = [_flag(name) for name in CONTROL_FLAGS if name in given]
     _check_controls(args)
-    if controlled and (sampling or searched + guided):
-        other = (searched + guided or ["--sampling-*"])[0]
-        raise ConfigError(
-            f"{controlled[0]} does not apply with {other}: decoding controls search with the "
-            "export's beam size and length penalty (kt export --beam-size, --alpha)"
-        )
-    if sampling and searched + guided:
-        raise ConfigError(
-            f"{(searched + guided)[0]} does not apply to sampling (--sampling-*, --num-samples)"
-        )
+    if sampling and searched:
+        raise ConfigError(f"{searched[0]} does not apply to sampling (--sampling-*, --num-samples)")
     if args.seed is not None and not sampling:
         raise ConfigError("--seed applies to sampling only (--sampling-*, --num-samples)")
     if args.seed is not None and args.seed < 0:
         raise ConfigError(f"--seed must be 0 or positive. Received: {args.seed}")
-    if searched and guided:
+    others = searched + controlled  # `align` takes prefixes, with the export's search
+    if args.alignments and (others or sampling):
         raise ConfigError(
-            f"{searched[0]} does not apply with {guided[0]}, which searches with the export's "
-            "beam size and length penalty (kt export --beam-size, --alpha)"
+            f"{(others or ['--sampling-*'])[0]} does not apply with --alignments, which searches "
+            "with the export's beam size and length penalty (kt export --beam-size, --alpha)"
         )
     return sampling
 
 
 def _check_controls(args):
     """Refuses decoding controls out of range (`--min-length` above `--max-output-length` too)."""
-    for flag, value in (("--no-repeat-ngram-size", args.no_repeat_ngram_size),
-                        ("--min-length", args.min_length)):  # fmt: skip
-        if value is not None and value < 0:
-            raise ConfigError(f"{flag} must be 0 (off) or positive. Received: {value}")
+    if all(getattr(args, name) is None for name in CONTROL_FLAGS):
+        return
+    from keras_transformer.decoding.controls import DecodingControls  # imports Keras
+
     if args.max_length is not None and args.max_length < 1:
         raise ConfigError(f"--max-output-length must be positive. Received: {args.max_length}")
-    if args.repetition_penalty is not None and not 0 < args.repetition_penalty < float("inf"):
-        raise ConfigError(
-            f"--repetition-penalty must be positive and finite. Received: {args.repetition_penalty}"
-        )
-    if args.min_length and args.max_length and args.min_length > args.max_length:
-        raise ConfigError(
-            f"--min-length {args.min_length} is above --max-output-length {args.max_length}"
-        )
+    given = {name: getattr(args, name) for name in DecodingControls.SETTINGS}
+    for valid, message, names in DecodingControls.rules({
+        name: value if value is not None else DecodingControls.SETTINGS[name][1]
+        for name, value in given.items()
+    }):  # fmt: skip
+        if valid or any(given[name] is None for name in names):
+            continue
+        if len(names) == 2:  # min_length and max_length
+            raise ConfigError(
+                f"--min-length {args.min_length} is above --max-output-length {args.max_length}"
+            )
+        flag = _flag(names[0])
+        raise ConfigError(f"{flag}{message.removeprefix(names[0])}. Received: {given[names[0]]}")
 
 
 def _banned_words(path):
@@ -255,21 +254,27 @@ def _warn_invalid_utf8(lines, name):
         )
 
 
+def _signature_name(args, sampling):
+    """The signature that does what the flags ask (see the module docstring)."""
+    controlled = any(getattr(args, flag) is not None for flag in CONTROL_FLAGS)
+    searched = any(getattr(args, f) is not None for f in ("beam_size", "alpha", "penalty_form"))
+    if sampling:
+        return "controlled_sample" if controlled or args.prefix_file else "sample"
+    if args.alignments:
+        return "align"
+    if (controlled and (searched or args.prefix_file)) or (searched and args.prefix_file):
+        return "controlled_search"
+    if controlled:
+        return "controlled"
+    if args.prefix_file:
+        return "prefix"
+    return "translate" if searched else "serving_default"
+
+
 def _translate_files(args, sampling, banned):
     from pipelines.serving import client  # imports TensorFlow
 
-    if sampling:
-        name = "sample"
-    elif any(getattr(args, flag) is not None for flag in CONTROL_FLAGS):
-        name = "controlled"
-    elif args.alignments:
-        name = "align"
-    elif args.prefix_file:
-        name = "prefix"
-    elif args.beam_size is None and args.alpha is None and args.penalty_form is None:
-        name = "serving_default"
-    else:
-        name = "translate"
+    name = _signature_name(args, sampling)
     version, signature = client.load_signature(args.model, name)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
     with source:
@@ -284,11 +289,11 @@ def _translate_files(args, sampling, banned):
             args, version, lines, prefixes, f"--input {args.input or 'stdin'}",
             client.export_settings(version),
         )  # fmt: skip
-    elif name == "align":
+    elif name in ("align", "controlled_search", "controlled_sample"):
         prefixes = [b""] * len(lines)
     _warn_invalid_utf8(lines, f"--input {args.input}" if args.input else "stdin")  # checks passed
     samples = args.num_samples or 1
-    if name == "translate":
+    if name in ("translate", "controlled_search"):
         _keep_export_settings(args, client.export_settings(version))
         if args.penalty_form and not client.takes(signature, "penalty_form"):
             raise ExportError(
@@ -333,18 +338,15 @@ def _translate_files(args, sampling, banned):
 
 
 def _control_rows(args, count, banned):
-    """The `controlled` signature's inputs for `count` sentences: the flags, or neutral values."""
-    import tensorflow as tf
+    """The controls' inputs for `count` sentences: the flags, or neutral values."""
+    from pipelines.serving.controls import CONTROLS
 
-    values = {
-        "no_repeat_ngram_size": (args.no_repeat_ngram_size or 0, tf.int32),
-        "repetition_penalty": (args.repetition_penalty or 1.0, tf.float32),
-        "min_length": (args.min_length or 0, tf.int32),
-        "max_length": (args.max_length or 0, tf.int32),
-        "disable_unk": (bool(args.disable_unk), tf.bool),
-        "banned_words": (banned, tf.string),
+    values = {name: getattr(args, name) for name in CONTROLS if name != "banned_words"}
+    values["banned_words"] = banned
+    return {
+        name: ([neutral if values[name] is None else values[name]] * count, dtype)
+        for name, (dtype, neutral) in CONTROLS.items()
     }
-    return {name: ([value] * count, dtype) for name, (value, dtype) in values.items()}
 
 
 def _batches(args, name, signature, lines, prefixes, done, samples, banned=""):
@@ -359,32 +361,37 @@ def _batches(args, name, signature, lines, prefixes, done, samples, banned=""):
         batch = lines[start : start + batch_size]
         end = start + len(batch)
         rows, scalars = {}, {}
-        if name == "translate":
+        if name in ("translate", "controlled_search"):
             scalars = {
                 "beam_size": tf.constant(args.beam_size),
                 "alpha": tf.constant(args.alpha, tf.float32),
             }
             if client.takes(signature, "penalty_form"):  # exports before it lack the input
                 scalars["penalty_form"] = tf.constant(args.penalty_form or "")  # "": the export's
-        if name in ("prefix", "align"):
-            rows["prefixes"] = (prefixes[start:end], tf.string)
-        if name == "controlled":
+        if name.startswith("controlled"):
             rows = _control_rows(args, len(batch), banned)
-        if name == "sample":
+        if name in ("prefix", "align", "controlled_search"):
+            rows["prefixes"] = (prefixes[start:end], tf.string)
+        if name in ("sample", "controlled_sample"):
             count = len(batch) * samples
-            batch = [line for line in batch for _ in range(samples)]
+            repeat = [line for line in range(start, end) for _ in range(samples)]
+            batch = [lines[line] for line in repeat]
+            rows = {key: ([values[i - start] for i in repeat], dtype)
+                    for key, (values, dtype) in rows.items()}  # fmt: skip
+            if name == "controlled_sample":
+                rows["prefixes"] = ([prefixes[line] for line in repeat], tf.string)
             seed = 0 if args.seed is None else args.seed
             seeds = [
                 int(np.random.SeedSequence([seed, line, k]).generate_state(1, np.uint64)[0] >> 1)
                 for line in range(start, end)
                 for k in range(samples)
             ]  # one stream per line number and sample: independent of batches and resumes
-            rows = {
+            rows.update({
                 "temperature": ([args.sampling_temperature or 1.0] * count, tf.float32),
                 "top_k": ([args.sampling_topk or 0] * count, tf.int32),
                 "top_p": ([args.sampling_topp or 1.0] * count, tf.float32),
                 "seed": (seeds, tf.int64),
-            }
+            })  # fmt: skip
         outputs = client.call_in_batches(signature, batch, args.batch_size, rows, scalars)
         texts = [text.decode("utf-8") for text in outputs["translations"]]
         aligned = None

@@ -39,7 +39,8 @@ def load_signature(path, name="translate"):
         path: str, a version folder (`NAME/VERSION`) or a model folder (`NAME`), whose
             newest complete version is loaded.
         name: str, the signature: `translate`, `nbest`, `score`, `prefix`, `align`,
-            `sample`, `controlled` or `serving_default`.
+            `sample`, `controlled`, `controlled_search`, `controlled_sample` or
+            `serving_default`.
 
     Returns:
         `(version_folder, signature)`.
@@ -50,13 +51,19 @@ def load_signature(path, name="translate"):
     """
     version = resolve_version(path)
     try:
-        return version, tf.saved_model.load(version).signatures[name]
+        signatures = tf.saved_model.load(version).signatures
     except (OSError, ValueError, KeyError, tf.errors.OpError) as error:
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error)
         base, number = os.path.split(os.path.normpath(version))
         if number.isdigit():
             raise ExportError(broken_version_message(base, int(number), reason)) from None
         raise ExportError(f"the SavedModel {version} is broken: {reason}") from None
+    if name not in signatures:
+        raise ExportError(
+            f"the SavedModel {version} has no {name} signature (it has {', '.join(signatures)}): "
+            "an export made before it; export the model again"
+        )
+    return version, signatures[name]
 
 
 def export_settings(version):

@@ -12,15 +12,16 @@ a sentence).
 
 import tensorflow as tf
 
+from keras_transformer.decoding.controls import DecodingControls
 from pipelines.serving.rows import check_rows, refuse_rows
 
-# Each control's input: dtype, and the value that turns it off.
+# Each control's input: dtype, and the value that turns it off; banned words,
+# as text, stand for `DecodingControls`' banned_tokens.
 CONTROLS = {
-    "no_repeat_ngram_size": (tf.int32, 0),
-    "repetition_penalty": (tf.float32, 1.0),
-    "min_length": (tf.int32, 0),
-    "max_length": (tf.int32, 0),
-    "disable_unk": (tf.bool, False),
+    **{
+        name: (tf.as_dtype(dtype), neutral)
+        for name, (dtype, neutral) in DecodingControls.SETTINGS.items()
+    },
     "banned_words": (tf.string, ""),
 }
 NEUTRAL = {name: neutral for name, (_, neutral) in CONTROLS.items()}
@@ -95,20 +96,7 @@ def control_tensors(tokenizer, sentences, controls):
         name: tf.convert_to_tensor(controls[name], dtype) for name, (dtype, _) in CONTROLS.items()
     }
     check_rows(sentences, **tensors)
-    checks = [
-        (tensors["no_repeat_ngram_size"] >= 0, "no_repeat_ngram_size must be 0 (off) or positive"),
-        (
-            (tensors["repetition_penalty"] > 0) & tf.math.is_finite(tensors["repetition_penalty"]),
-            "repetition_penalty must be positive and finite",
-        ),
-        (tensors["min_length"] >= 0, "min_length must be 0 (off) or positive"),
-        (tensors["max_length"] >= 0, "max_length must be 0 (off) or positive"),
-        (
-            (tensors["max_length"] == 0) | (tensors["min_length"] <= tensors["max_length"]),
-            "min_length must not exceed max_length",
-        ),
-    ]
-    for valid, message in checks:
+    for valid, message, _ in DecodingControls.rules(tensors):
         refuse_rows(~valid, f"{message}; rows:")
     tensors["banned_tokens"] = banned_word_ids(tokenizer, tensors.pop("banned_words"))
     return tensors

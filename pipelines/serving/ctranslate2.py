@@ -324,7 +324,10 @@ class CTranslate2Translator:
         rests = self.processor.encode([rest for _, rest in split], out_type=str)
         return [code + rest for (code, _), rest in zip(split, rests, strict=True)]
 
-    def translate(self, sentences, beam_size=None, length_penalty=None, batch_size=64):
+    def translate(
+        self, sentences, beam_size=None, length_penalty=None, batch_size=64, controls=None,
+        prefixes=None,
+    ):  # fmt: skip
         """Translates `sentences` (list of str) in order.
 
         Args:
@@ -333,6 +336,13 @@ class CTranslate2Translator:
             length_penalty: float, CTranslate2's `score / length**length_penalty`;
                 None for the run's `alpha`.
             batch_size: int, sentences per call (CTranslate2 sorts by length itself).
+            controls: `keras_transformer.DecodingControls` (or a dict of its
+                fields) of Python values, or None: passed to `translate_batch`
+                as its `no_repeat_ngram_size`, `repetition_penalty`,
+                `min_decoding_length`, `max_decoding_length`, `disable_unk`
+                and `suppress_sequences` (the banned ids as target pieces).
+            prefixes: list of str or None, each translation's start ("" for
+                none), CTranslate2's `target_prefix`.
 
         Returns:
             `(translations, scores, token_counts)`: lists of str, float, int.
@@ -342,7 +352,15 @@ class CTranslate2Translator:
         # The SavedModel's limit: the source length (EOS included) + extra_length, or the
         # run's max_output_length. (CTranslate2 has one limit for a batch.)
         limit = (self.max_output_length or longest + 1 + self.extra_length) - self.forced_end
-        limit = max(limit, 1)
+        options = {"max_decoding_length": max(limit, 1), "min_decoding_length": 0}
+        if controls is not None:
+            controlled = self._control_options(controls)
+            limit = min(controlled.pop("max_decoding_length", limit), limit)  # within the own
+            options.update(controlled, max_decoding_length=max(limit, 1))
+        if prefixes is not None:
+            options["target_prefix"] = [
+                self.target_processor.encode(prefix, out_type=str) for prefix in prefixes
+            ]
         results = self.translator.translate_batch(
             pieces,
             max_batch_size=batch_size,
@@ -350,10 +368,29 @@ class CTranslate2Translator:
             length_penalty=self.search["length_penalty"]
             if length_penalty is None
             else length_penalty,
-            max_decoding_length=limit,
-            min_decoding_length=0,  # as the SavedModel's searches: the end may come first
             return_scores=True,
+            **options,
         )
         tokens = [r.hypotheses[0] for r in results]
         translations = [self.target_processor.decode_pieces(t) for t in tokens]
         return translations, [r.scores[0] for r in results], [len(t) for t in tokens]
+
+    def _control_options(self, controls):
+        """`translate_batch`'s keyword arguments for `DecodingControls` of Python values."""
+        from keras_transformer.decoding.controls import ANY_TOKEN, DecodingControls
+
+        controls = DecodingControls.coerce(controls)
+        options = {
+            "no_repeat_ngram_size": controls.no_repeat_ngram_size,
+            "repetition_penalty": controls.repetition_penalty,
+            "min_decoding_length": controls.min_length,
+            "disable_unk": controls.disable_unk,
+        }
+        if controls.max_length:
+            options["max_decoding_length"] = controls.max_length
+        if controls.banned_tokens is not None:
+            options["suppress_sequences"] = [
+                [self.target_processor.id_to_piece(int(i)) for i in row if i != ANY_TOKEN]
+                for row in np.asarray(controls.banned_tokens)
+            ]
+        return options

@@ -35,13 +35,20 @@ Signatures (`inputs` is always a string tensor of shape `[None]`):
         `disable_unk` bool, `banned_words` string (words and phrases, one a
         line); the export's search; outputs as `serving_default`'s
         (`pipelines.serving.controls`).
+    controlled_search: `controlled`'s inputs, `prefixes`, and `translate`'s
+        scalars `beam_size`, `alpha` and `penalty_form`: any search a request
+        asks for, with each sentence's prefix and controls (neutral values
+        and "" turn them off); outputs as `serving_default`'s.
+    controlled_sample: `controlled`'s inputs, `prefixes`, and `sample`'s
+        four: one sample each, with each sentence's prefix and controls.
 
 Prefixes and alignments are signatures of their own, not optional inputs or
 outputs of `serving_default`: a signature's inputs are all required, TF
 Serving computes every output of a signature (its REST API cannot filter
 them), and clients of `serving_default` keep their contract. Every signature
-but `translate` takes batch-major inputs only, so TF Serving's request
-batcher can merge its requests (`translate`'s scalars cannot be merged).
+but `translate` and `controlled_search` takes batch-major inputs only, so TF
+Serving's request batcher can merge its requests (their scalars cannot be
+merged).
 
 An empty (or all-space) sentence translates to an empty string with score 0.
 A sentence longer than `max_source_length` tokens (end-of-sequence included)
@@ -57,21 +64,19 @@ import shutil
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_transformer.decoding.steps import PENALTY_FORMS
 from pipelines.data.language_codes import LanguageCodes, has_language_codes
-from pipelines.data.tokenizer import Sides, check_special_ids, sides
+from pipelines.data.tokenizer import Sides, check_special_ids
 from pipelines.data.vocabularies import target_vocabulary_path
 from pipelines.errors import ExportError
 from pipelines.files import free_bytes, staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE, SIGNATURE_INPUT
-from pipelines.serving.controls import CONTROLS, control_specs, control_tensors
 from pipelines.serving.quantization import quantized
 from pipelines.serving.rows import check_rows
+from pipelines.serving.signatures import combined_signatures, form_offset, guided_signatures
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
     LENGTH_DEFAULTS,
-    sample_strings,
     score_strings,
     translate_strings,
 )
@@ -179,7 +184,7 @@ class Translator(tf.Module):
         )
         def translate_with(inputs, beam_size, alpha, penalty_form):
             tf.debugging.assert_positive(beam_size, message="beam_size must be positive")
-            form = {**lengths, "penalty_form": _form_offset(penalty_form, lengths["penalty_form"])}
+            form = {**lengths, "penalty_form": form_offset(penalty_form, lengths["penalty_form"])}
             texts, scores = translate(inputs, beam_size, alpha, 1, lengths=form)
             return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
@@ -196,13 +201,16 @@ class Translator(tf.Module):
             )
             return {"scores": scores, "lengths": lengths}
 
-        prefix, align, sample, controlled = _guided_signatures(
-            translate, model, tokenizers, beam_size, alpha,
-            (max_source_length, chunk_size, extra_length),
-        )  # fmt: skip
+        limits = (max_source_length, chunk_size, extra_length)
+        prefix, align, sample, controlled = guided_signatures(
+            translate, model, tokenizers, beam_size, alpha, limits
+        )
         self.serve, self.nbest, self.translate = serve, nbest, translate_with
         self.score, self.prefix, self.align, self.sample = score, prefix, align, sample
         self.controlled = controlled
+        self.controlled_search, self.controlled_sample = combined_signatures(
+            translate, model, tokenizers, limits, lengths
+        )
         self.model_variables = _captured_variables(self.signatures().values())
 
     def estimated_bytes(self):
@@ -243,19 +251,9 @@ class Translator(tf.Module):
             "align": self.align,
             "sample": self.sample,
             "controlled": self.controlled,
+            "controlled_search": self.controlled_search,
+            "controlled_sample": self.controlled_sample,
         }
-
-
-def _form_offset(form, default):
-    """A request's length penalty form (string scalar, "" for `default`) as its float32 offset
-    (`PENALTY_FORMS`)."""
-    matches = tf.equal(tf.where(tf.equal(form, ""), default, form), list(PENALTY_FORMS))
-    tf.debugging.assert_equal(
-        tf.reduce_any(matches), True,
-        message=f'penalty_form must be one of {sorted(PENALTY_FORMS)} or ""',
-    )  # fmt: skip
-    offsets = tf.constant(list(PENALTY_FORMS.values()), tf.float32)
-    return tf.gather(offsets, tf.argmax(tf.cast(matches, tf.int32)))
 
 
 def _tokenizer(path, name=None):
@@ -299,74 +297,6 @@ def _captured_variables(functions):
         for variable in function.get_concrete_function().variables:
             captured.setdefault(id(variable), variable)
     return list(captured.values())
-
-
-def _guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
-    """The `prefix`, `align`, `sample` and `controlled` signatures (see the module docstring).
-
-    Args:
-        translate: callable `(sentences, beam_size, alpha, num_hypotheses,
-            **options) -> translate_strings(...)` over the export's model.
-        model, tokenizer: the export's model and tensorflow-text tokenizer.
-        beam_size, alpha: the export's search settings.
-        limits: `(max_source_length, chunk_size, extra_length)`, as
-            `Translator` takes them.
-
-    Returns:
-        four `tf.function`s with input signatures.
-    """
-    sentences_spec = tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)
-    prefixes_spec = tf.TensorSpec([None], tf.string, name="prefixes")
-
-    @tf.function(input_signature=[sentences_spec, prefixes_spec])
-    def prefix(inputs, prefixes):
-        check_rows(inputs, prefixes=prefixes)
-        texts, scores = translate(inputs, beam_size, alpha, 1, prefixes=prefixes)
-        return {"translations": texts[:, 0], "scores": scores[:, 0]}
-
-    @tf.function(input_signature=[sentences_spec, prefixes_spec])
-    def align(inputs, prefixes):
-        check_rows(inputs, prefixes=prefixes)
-        texts, scores, aligned = translate(
-            inputs, beam_size, alpha, 1, prefixes=prefixes, return_alignments=True
-        )
-        return {
-            "translations": texts[:, 0],
-            "scores": scores[:, 0],
-            "alignments": aligned["alignments"][:, 0],
-            "target_pieces": aligned["target_pieces"][:, 0],
-            "source_pieces": aligned["source_pieces"],
-        }
-
-    @tf.function(
-        input_signature=[
-            sentences_spec,
-            tf.TensorSpec([None], tf.float32, name="temperature"),
-            tf.TensorSpec([None], tf.int32, name="top_k"),
-            tf.TensorSpec([None], tf.float32, name="top_p"),
-            tf.TensorSpec([None], tf.int64, name="seed"),
-        ]
-    )
-    def sample(inputs, temperature, top_k, top_p, seed):
-        max_source_length, chunk_size, extra_length = limits
-        texts, scores = sample_strings(
-            model, tokenizer, inputs, temperature, top_k, top_p, seed,
-            max_source_length, chunk_size, extra_length,
-        )  # fmt: skip
-        return {"translations": texts, "scores": scores}
-
-    @tf.function(input_signature=[sentences_spec, *control_specs()])
-    def controlled(
-        inputs, no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
-        banned_words,
-    ):  # fmt: skip
-        values = (no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk)
-        controls = dict(zip(CONTROLS, (*values, banned_words), strict=True))
-        tensors = control_tensors(sides(tokenizer)[1], inputs, controls)
-        texts, scores = translate(inputs, beam_size, alpha, 1, controls=tensors)
-        return {"translations": texts[:, 0], "scores": scores[:, 0]}
-
-    return prefix, align, sample, controlled
 
 
 def _space_message(base_dir, needed, what):

@@ -11,10 +11,10 @@ holds, and sentences of similar length share a chunk.
 
 import tensorflow as tf
 
-from keras_transformer.decoding import beam_search, greedy_search, sample, score_hypotheses
+from keras_transformer.decoding import beam_search, greedy_search, score_hypotheses
 from pipelines.data.tokenizer import sides
 from pipelines.serving.controls import controls_on
-from pipelines.serving.rows import check_rows, refuse_rows
+from pipelines.serving.rows import refuse_rows
 
 # Target pieces a sentence may produce beyond its source pieces by default
 # (section 6.1: input length + 50); a parser's run sets its own (`extra_length`).
@@ -91,7 +91,7 @@ def search(
         return _search(*arguments, options)
     return tf.cond(
         controls_on(controls),
-        lambda: _search(*arguments, {**options, **controls}),
+        lambda: _search(*arguments, {**options, "controls": controls}),
         lambda: _search(*arguments, options),
     )
 
@@ -234,7 +234,7 @@ def translate_strings(
     prefix = None
     if prefixes is not None:
         ends = lengths["end_at_limit"]
-        prefix = _prefix_ids(target_tokenizer, prefixes, source, extra_length, fixed, ends)
+        prefix = prefix_ids(target_tokenizer, prefixes, source, extra_length, fixed, ends)
     # The widest output and source of any chunk, so that every chunk's
     # alignments can be padded to one width.
     source_width = tf.cast(_most(source.row_lengths()), tf.int32)
@@ -288,9 +288,21 @@ def translate_strings(
     return texts, scores, alignments
 
 
-def _prefix_ids(tokenizer, prefixes, source, extra_length, fixed, ends):
-    """Ragged prefix ids `(B, None)`; an error naming the rows whose prefix outgrows its limit
-    (one piece less with `ends`, a forced end at the limit)."""
+def prefix_ids(tokenizer, prefixes, source, extra_length, fixed=None, ends=False):
+    """Target prefixes as ragged ids, each checked against its sentence's output limit.
+
+    Args:
+        tokenizer: the tensorflow-text target tokenizer.
+        prefixes: string `(B,)`, "" for none.
+        source: int32 ragged `(B, None)` source ids (`encode`).
+        extra_length: int, target pieces beyond the source pieces.
+        fixed: int or None, one output limit for every sentence instead.
+        ends: bool, the last allowed piece is a forced end (one piece less).
+
+    Returns:
+        int32 ragged `(B, None)`; an error names the rows whose prefix
+        outgrows its limit.
+    """
     prefix = encode(tokenizer, tf.convert_to_tensor(prefixes, tf.string), None)
     limits = source.row_lengths() + extra_length if fixed is None else fixed
     limit = fixed or f"the source's pieces, end of sentence included, plus {extra_length}"
@@ -334,89 +346,6 @@ def _alignment_positions(model, source_ids, attention):
     source_pieces = _pieces_mask(model, source_ids)  # (C, S)
     on_piece = tf.gather(source_pieces, positions, batch_dims=1)  # (C, N, T)
     return tf.where(on_piece, positions, -1)
-
-
-def sample_strings(
-    model,
-    tokenizer,
-    sentences,
-    temperature,
-    top_k,
-    top_p,
-    seeds,
-    max_source_length=None,
-    chunk_size=CHUNK_SIZE,
-    extra_length=EXTRA_LENGTH,
-):
-    """One sample a sentence, drawn in the graph with each sentence's own settings and seed.
-
-    A sentence's sample depends only on the sentence, its settings and its
-    seed: not on the other sentences of the request, their order or the
-    chunk it is drawn in (its uniforms come from its seed through
-    TensorFlow's stateless generator). Draw several samples of a sentence by
-    repeating it with different seeds.
-
-    Args:
-        model: a trained `Transformer`.
-        tokenizer: the tensorflow-text tokenizer it was trained with, or a
-            `Sides` of two.
-        sentences: string `(B,)`.
-        temperature: float32 `(B,)`, each > 0.
-        top_k: int32 `(B,)`, each >= 0 (0: no cut).
-        top_p: float32 `(B,)`, each in (0, 1].
-        seeds: int64 `(B,)`.
-        max_source_length: int or None, source ids kept (EOS included).
-        chunk_size: int, the most sentences sampled at once.
-        extra_length: int, target pieces beyond the source pieces.
-
-    Returns:
-        `(texts, scores)`: string `(B,)` and float32 `(B,)` log-probabilities
-        of the samples under the model (untempered, unfiltered).
-    """
-    sentences = tf.convert_to_tensor(sentences, tf.string)
-    settings = {
-        "temperature": tf.convert_to_tensor(temperature, tf.float32),
-        "top_k": tf.convert_to_tensor(top_k, tf.int32),
-        "top_p": tf.convert_to_tensor(top_p, tf.float32),
-        "seed": tf.convert_to_tensor(seeds, tf.int64),
-    }
-    check_rows(sentences, **settings)
-    checks = [
-        (settings["temperature"] > 0, "temperature must be positive"),
-        (settings["top_k"] >= 0, "top_k must be 0 (off) or positive"),
-        ((settings["top_p"] > 0) & (settings["top_p"] <= 1), "top_p must be in (0, 1]"),
-    ]
-    for valid, message in checks:
-        refuse_rows(~valid, f"{message}; rows:")
-    source_tokenizer, target_tokenizer = sides(tokenizer)
-    source = encode(source_tokenizer, sentences, model.eos_id, max_source_length)  # (B, None)
-
-    def sample_chunk(rows):
-        source_ids = tf.gather(source, rows).to_tensor(model.pad_id)  # (C, S)
-        width = tf.shape(source_ids)[1] + extra_length
-
-        def uniforms(seed):  # a prefix of one stream per seed, whatever the width
-            return tf.random.stateless_uniform([width], tf.stack([seed, tf.constant(0, tf.int64)]))
-
-        row_uniforms = tf.map_fn(
-            uniforms, tf.gather(settings["seed"], rows), fn_output_signature=tf.float32
-        )  # (C, T)
-        tokens, scores = sample(
-            model,
-            source_ids,
-            temperature=tf.gather(settings["temperature"], rows),
-            top_k=tf.gather(settings["top_k"], rows),
-            top_p=tf.gather(settings["top_p"], rows),
-            extra_length=extra_length,
-            uniforms=row_uniforms[:, None],
-        )  # (C, 1, T), (C, 1)
-        return decode(target_tokenizer, tokens[:, 0], model.eos_id), scores[:, 0]
-
-    texts, scores = by_length_chunks(
-        source.row_lengths(), chunk_size, sample_chunk, [(tf.string, [None]), (tf.float32, [None])]
-    )
-    empty = blank_sentences(sentences)
-    return tf.where(empty, "", texts), tf.where(empty, 0.0, scores)
 
 
 def score_strings(

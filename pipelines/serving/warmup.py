@@ -5,8 +5,9 @@ version, and one failed request fails the load: the version never becomes
 AVAILABLE. With `--enable_batching` the requests run through the batcher,
 which refuses inputs without a batch dimension ("input tensors must have at
 least one dimension"), so an export for it (`export(..., batching=True)`,
-`kt export --batching`) leaves out `translate`, whose beam size and alpha are
-scalars; every other signature is batch-major and stays in.
+`kt export --batching`) leaves out `translate` and `controlled_search`, whose
+beam size and alpha are scalars; every other signature is batch-major and
+stays in.
 """
 
 import os
@@ -98,6 +99,16 @@ def warmup_requests(name="model", batching=False):
                 for name, setting in value.items()
             }
             inputs.append(("controlled", {SIGNATURE_INPUT: sentences, **controls}))
+            # Any search and sampling with prefixes and controls: both branches of each.
+            guided = {SIGNATURE_INPUT: sentences, "prefixes": prefixes, **controls}
+            for beam_size in (1, 4):
+                options = {
+                    "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
+                    "alpha": tf.make_tensor_proto(0.6, tf.float32),
+                    "penalty_form": tf.make_tensor_proto(""),
+                }
+                inputs.append(("controlled_search", {**guided, **options}))
+            inputs.append(("controlled_sample", {**guided, **settings}))
     logs = []
     for signature, tensors in inputs:
         if batching and not batcher_accepts(tensors):

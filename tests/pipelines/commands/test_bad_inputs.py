@@ -363,11 +363,15 @@ def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch
         (["--num-samples", "2", "--seed", "-1"], "--seed must be 0 or positive. Received: -1"),
         (["--num-samples", "2", "--beam-size", "4"],
          "--beam-size does not apply to sampling (--sampling-*, --num-samples)"),
-        (["--sampling-topk", "2", "--prefix-file", "p.txt"],
-         "--prefix-file does not apply to sampling (--sampling-*, --num-samples)"),
         (["--alpha", "0.2", "--alignments", "a.txt"],
          "--alpha does not apply with --alignments, which searches with the export's beam size "
          "and length penalty (kt export --beam-size, --alpha)"),
+        (["--disable-unk", "--alignments", "a.txt"],
+         "--disable-unk does not apply with --alignments, which searches with the export's "
+         "beam size and length penalty (kt export --beam-size, --alpha)"),
+        (["--num-samples", "2", "--alignments", "a.txt"],
+         "--sampling-* does not apply with --alignments, which searches with the export's "
+         "beam size and length penalty (kt export --beam-size, --alpha)"),
         (["--no-repeat-ngram-size", "-1"],
          "--no-repeat-ngram-size must be 0 (off) or positive. Received: -1"),
         (["--repetition-penalty", "0"],
@@ -378,15 +382,6 @@ def test_alignments_beside_stdout_are_started_over_with_it(tmp_path, monkeypatch
         (["--max-output-length", "0"], "--max-output-length must be positive. Received: 0"),
         (["--min-length", "9", "--max-length", "4"],  # its earlier name still works
          "--min-length 9 is above --max-output-length 4"),
-        (["--max-output-length", "5", "--beam-size", "2"],
-         "--max-output-length does not apply with --beam-size: decoding controls search with "
-         "the export's beam size and length penalty (kt export --beam-size, --alpha)"),
-        (["--disable-unk", "--beam-size", "2"],
-         "--disable-unk does not apply with --beam-size: decoding controls search with the "
-         "export's beam size and length penalty (kt export --beam-size, --alpha)"),
-        (["--min-length", "3", "--num-samples", "2"],
-         "--min-length does not apply with --sampling-*: decoding controls search with the "
-         "export's beam size and length penalty (kt export --beam-size, --alpha)"),
     ],
 )  # fmt: skip
 def test_translate_refuses_bad_or_clashing_decoding_settings(tmp_path, capsys, flags, message):

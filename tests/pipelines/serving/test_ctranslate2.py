@@ -193,7 +193,7 @@ def test_greedy_controls_equal_ctranslate2s_token_for_token(converted_run, contr
         [translator.processor.piece_to_id(p) + [EOS_ID] for p in pieces], dtype=tf.int32
     ).to_tensor()
     limit = 40  # well under every sentence's own limit (its length + 50)
-    ours = to_numpy(greedy_search(model, source_ids, max_length=limit, **controls))
+    ours = to_numpy(greedy_search(model, source_ids, controls={**controls, "max_length": limit}))
     theirs = translator.translator.translate_batch(
         pieces,
         beam_size=1,
@@ -204,7 +204,7 @@ def test_greedy_controls_equal_ctranslate2s_token_for_token(converted_run, contr
         min_decoding_length=controls.get("min_length", 0),
         disable_unk=controls.get("disable_unk", False),
     )
-    plain = to_numpy(greedy_search(model, source_ids, max_length=limit))
+    plain = to_numpy(greedy_search(model, source_ids, controls={"max_length": limit}))
     ours_pieces = [
         [translator.target_processor.id_to_piece(int(t)) for t in row if t not in (0, EOS_ID)]
         for row in ours
@@ -212,3 +212,57 @@ def test_greedy_controls_equal_ctranslate2s_token_for_token(converted_run, contr
     same = [a == b.hypotheses[0] for a, b in zip(ours_pieces, theirs, strict=True)]
     assert np.mean(same) == 1.0, [i for i, s in enumerate(same) if not s][:5]
     assert np.mean(np.any(ours != plain, axis=1)) > 0.1  # the controls changed outputs
+
+
+def multi30k_test_ids(translator):
+    """Multi30k's test sentences as CTranslate2 cuts them: `(sources, source_ids (B, S))`."""
+    sources = read_lines(os.path.join(shared_data("multi30k"), "test_2016_flickr.en.gz"))
+    pieces = [p[: translator.max_source_length - 1] for p in translator.source_pieces(sources)]
+    source_ids = tf.ragged.constant(
+        [translator.processor.piece_to_id(p) + [EOS_ID] for p in pieces], dtype=tf.int32
+    ).to_tensor()
+    return sources, source_ids
+
+
+@pytest.mark.parametrize("arm", ["controls", "banned-sequences", "prefix-and-controls"])
+def test_beam_search_with_controls_equals_ctranslate2s(converted_run, arm):
+    """Beam 4 under controls, banned sequences (`suppress_sequences`) and prefixes: the same
+    hypotheses as CTranslate2's `translate_batch`, scored with its `length ** alpha` form and
+    stopped by its rule (`early_stop`). CTranslate2 scores a prefix's tokens 0 where ours adds
+    their log-probabilities: the same for every hypothesis of a sentence, so the rankings agree
+    without a length penalty, the prefix arm's."""
+    model, path = converted_run
+    translator = CTranslate2Translator(path)
+    sources, source_ids = multi30k_test_ids(translator)
+    target = translator.target_processor
+    search = {"beam_size": 4, "alpha": 0.6, "penalty_form": "power", "early_stop": True}
+    limit = 40
+    plain = to_numpy(beam_search(model, source_ids, controls={"max_length": limit}, **search)[0])
+    controls, prefixes = {"max_length": limit}, None
+    if arm in ("controls", "prefix-and-controls"):
+        controls.update(no_repeat_ngram_size=3, repetition_penalty=1.2, min_length=8)
+        controls.update(disable_unk=True)
+    if arm == "banned-sequences":
+        produced = plain[:, 0][(plain[:, 0] > EOS_ID)]
+        common = np.bincount(produced).argsort()[::-1]  # the model's favourite tokens
+        pairs = [tuple(row[i : i + 2]) for row in plain[:, 0] for i in range(len(row) - 1)]
+        pairs = [p for p in pairs if min(p) > EOS_ID]
+        bigram = max(set(pairs), key=pairs.count)
+        controls["banned_tokens"] = [int(common[0]), [int(t) for t in bigram], [int(common[1])] * 2]
+    if arm == "prefix-and-controls":
+        # Every third sentence starts with the first two tokens of its output without `<unk>`
+        # (this model's favourite, which would come back as the text " ⁇ ").
+        free = {"max_length": limit, "disable_unk": True}
+        known = to_numpy(beam_search(model, source_ids, controls=free, **search)[0])[:, 0]
+        prefixes = ["" if i % 3 else target.decode_ids([int(t) for t in row[:2]])
+                    for i, row in enumerate(known)]  # fmt: skip
+        prefix_ids = tf.ragged.constant([target.encode(p) for p in prefixes], tf.int32)
+        search["target_prefix"] = prefix_ids.to_tensor(0, shape=[None, 8])
+    ours = to_numpy(beam_search(model, source_ids, controls=controls, **search)[0])[:, 0]
+    theirs, _, _ = translator.translate(
+        sources, beam_size=4, length_penalty=search["alpha"], controls=controls, prefixes=prefixes
+    )
+    texts = [target.decode_ids([int(t) for t in row if t not in (0, EOS_ID)]) for row in ours]
+    same = [a == b for a, b in zip(texts, theirs, strict=True)]
+    assert np.mean(same) >= 0.98, (np.mean(same), [i for i, s in enumerate(same) if not s][:5])
+    assert np.mean(np.any(ours != plain[:, 0], axis=1)) > 0.1  # the controls changed outputs

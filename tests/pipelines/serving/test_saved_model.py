@@ -168,16 +168,18 @@ def test_the_score_signature_scores_as_beam_search_and_score_hypotheses_do(expor
     assert [served["scored_lengths"][i] for i in real] == list(np.sum(target.numpy() != 0, 1))
 
 
-def test_every_signature_but_translate_is_batch_major(exported):
+def test_every_signature_but_translate_and_controlled_search_is_batch_major(exported):
     """What TF Serving's batcher can merge: every input and output has a leading batch axis."""
     loaded = tf.saved_model.load(exported[3])
-    assert len(loaded.signatures) == 8
+    assert len(loaded.signatures) == 10
     for name, signature in loaded.signatures.items():
-        inputs = signature.structured_input_signature[1].values()
+        inputs = signature.structured_input_signature[1]
         outputs = signature.structured_outputs.values()
-        if name == "translate":  # its search settings are scalars; documented as not batchable
-            assert sorted(len(spec.shape) for spec in inputs) == [0, 0, 0, 1]
-            continue
+        if name in ("translate", "controlled_search"):  # scalar search settings: not batchable
+            scalars = sorted(key for key, spec in inputs.items() if len(spec.shape) == 0)
+            assert scalars == ["alpha", "beam_size", "penalty_form"], name
+            inputs = {key: spec for key, spec in inputs.items() if key not in scalars}
+        inputs = inputs.values()
         for spec in [*inputs, *outputs]:
             assert len(spec.shape) >= 1 and spec.shape[0] is None, (name, spec)
 
@@ -356,7 +358,7 @@ def test_controlled_signature_is_keras_beam_search_with_each_sentences_controls(
     def keras_search(sentences):
         source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
         settings = control_tensors(translator.tokenizer, sentences, controls)
-        tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, **settings)
+        tokens, scores = beam_search(model, source, beam_size=4, alpha=0.6, controls=settings)
         return decode(translator.tokenizer, tokens[:, 0], EOS_ID), scores[:, 0], tokens[:, 0]
 
     texts, scores, tokens = keras_search(tf.constant(CONTROLLED_INPUTS))
@@ -369,6 +371,83 @@ def test_controlled_signature_is_keras_beam_search_with_each_sentences_controls(
     assert lengths[1] <= 9 and lengths[2] >= 6
     assert b"March" not in outputs["translations"].numpy()[1]
     assert served["controlled_neutral"] == served["translations"]  # in a fresh process too
+
+
+COMBINED_PREFIXES = [b"", b"March", b"kilometers", b""]
+
+
+@pytest.mark.parametrize("beam_size, alpha, form", [(1, 0.0, "gnmt"), (3, 1.0, "power")])
+def test_controlled_search_is_keras_search_with_any_beam_prefixes_and_controls(
+    exported, beam_size, alpha, form
+):
+    translator, model, _, _ = exported
+    signatures = translator.signatures()
+    controls = {name: tf.constant(values, dtype) for name, (values, dtype) in CONTROLLED.items()}
+    sentences, prefixes = tf.constant(CONTROLLED_INPUTS), tf.constant(COMBINED_PREFIXES)
+    scalars = {"beam_size": tf.constant(beam_size), "alpha": tf.constant(alpha)}
+    outputs = signatures["controlled_search"](
+        inputs=sentences, prefixes=prefixes, penalty_form=tf.constant(form), **controls, **scalars
+    )
+
+    @tf.function
+    def keras_search(sentences, prefixes):
+        source = encode(translator.tokenizer, sentences, EOS_ID, MAX_SOURCE_LENGTH).to_tensor()
+        prefix = encode(translator.tokenizer, prefixes, None).to_tensor(shape=[None, 20])
+        settings = control_tensors(translator.tokenizer, sentences, controls)
+        tokens, scores = beam_search(
+            model, source, beam_size=beam_size, alpha=alpha, target_prefix=prefix,
+            controls=settings, penalty_form=form,
+        )  # fmt: skip
+        return decode(translator.tokenizer, tokens[:, 0], EOS_ID), scores[:, 0]
+
+    texts, scores = keras_search(sentences, prefixes)
+    assert outputs["translations"].numpy().tolist() == texts.numpy().tolist()
+    np.testing.assert_allclose(outputs["scores"].numpy(), scores.numpy(), rtol=1e-4)
+    assert outputs["translations"].numpy()[1].startswith(b"March")
+    # Neutral controls and no prefixes: `translate`'s search, whatever the beam size.
+    neutral = {name: tf.fill([4], NEUTRAL[name]) for name in CONTROLS}
+    plain = signatures["controlled_search"](
+        inputs=sentences, prefixes=tf.fill([4], ""), penalty_form=tf.constant(form),
+        **neutral, **scalars,
+    )  # fmt: skip
+    expected = signatures["translate"](inputs=sentences, penalty_form=tf.constant(form), **scalars)
+    assert plain["translations"].numpy().tolist() == expected["translations"].numpy().tolist()
+    np.testing.assert_allclose(plain["scores"], expected["scores"], rtol=1e-5)
+
+
+def test_controlled_sample_draws_with_each_sentences_prefix_and_controls(exported):
+    translator, model, _, _ = exported
+    signatures = translator.signatures()
+    rows = len(CONTROLLED_INPUTS)
+    sentences = tf.constant(CONTROLLED_INPUTS)
+    controls = {name: tf.constant(values, dtype) for name, (values, dtype) in CONTROLLED.items()}
+    neutral = {name: tf.fill([rows], NEUTRAL[name]) for name in CONTROLS}
+    draws = {"temperature": tf.fill([rows], 1.0), "top_p": tf.fill([rows], 1.0),
+             "seed": tf.range(rows, dtype=tf.int64)}  # fmt: skip
+    # Neutral, without prefixes: the `sample` signature's draws, seed for seed.
+    free = signatures["controlled_sample"](
+        inputs=sentences, prefixes=tf.fill([rows], ""), top_k=tf.fill([rows], 0),
+        **neutral, **draws,
+    )  # fmt: skip
+    expected = signatures["sample"](inputs=sentences, top_k=tf.fill([rows], 0), **draws)
+    assert free["translations"].numpy().tolist() == expected["translations"].numpy().tolist()
+    # Top-1 sampling with prefixes and controls: the greedy search with the same.
+    greedy = signatures["controlled_sample"](
+        inputs=sentences, prefixes=tf.constant(COMBINED_PREFIXES), top_k=tf.fill([rows], 1),
+        **controls, **draws,
+    )  # fmt: skip
+    searched = signatures["controlled_search"](
+        inputs=sentences, prefixes=tf.constant(COMBINED_PREFIXES), beam_size=tf.constant(1),
+        alpha=tf.constant(0.0), penalty_form=tf.constant(""), **controls,
+    )  # fmt: skip
+    assert greedy["translations"].numpy().tolist() == searched["translations"].numpy().tolist()
+    np.testing.assert_allclose(greedy["scores"], searched["scores"], rtol=1e-4)
+    plain = signatures["controlled_sample"](
+        inputs=sentences, prefixes=tf.fill([rows], ""), top_k=tf.fill([rows], 1),
+        **neutral, **draws,
+    )  # fmt: skip
+    changed = greedy["translations"].numpy() != plain["translations"].numpy()
+    assert list(changed[1:]) == [True, True, True]  # a prefix or a control on each of these
 
 
 def test_banned_words_become_right_aligned_pieces(exported):
@@ -673,7 +752,7 @@ def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(export
     assert not batcher_accepts({"inputs": rows, "top_k": tf.make_tensor_proto([1], tf.int32)})
     default = read_warmup_requests(path)
     refused = {r.model_spec.signature_name for r in default if not batcher_accepts(r.inputs)}
-    assert refused == {"translate"}
+    assert refused == {"translate", "controlled_search"}
     run = tmp_path / "run"
     run.mkdir()
     model.save(run / "model.keras")
@@ -682,10 +761,10 @@ def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(export
             "--base", str(tmp_path), "--name", "batched", "--batching"]  # fmt: skip
     assert export_command.main(argv) == 0
     batched = read_warmup_requests(str(tmp_path / "batched" / "1"))
-    # The default's requests, `translate`'s left out, byte for byte.
-    kept = [r for r in default if r.model_spec.signature_name != "translate"]
+    # The default's requests, those with scalars left out, byte for byte.
+    kept = [r for r in default if r.model_spec.signature_name not in refused]
     assert [r.SerializeToString() for r in batched] == [r.SerializeToString() for r in kept]
-    assert len(kept) == len(default) - 4
+    assert len(kept) == len(default) - 12  # 2 batches, beam 1 and 4; controls off and on
     # Recorded, so that an operator tells the two kinds apart from the export alone.
     assert export_settings(str(tmp_path / "batched" / "1"))["batching"] is True
     argv = [*argv[: argv.index("batched")], "plain"]
@@ -825,6 +904,42 @@ def test_translate_command_samples_reproducibly(exported, served, tmp_path):
     other = sample("c.txt", "--sampling-temperature", "2", "--num-samples", "3", "--seed", "5")
     assert len(first) == 3 * len(INPUTS) and first == again and first != other
     assert len(set(first[:3])) == 3  # a line's samples differ from each other
+
+
+def test_translate_command_combines_controls_with_a_beam_size_prefixes_and_sampling(
+    exported, tmp_path, capsys
+):
+    translator, _, _, path = exported
+    signatures = translator.signatures()
+    inputs = [b"Monday, March 3, 2014", b"4:08 PM", b"", b"12.5%"]
+    prefixes = [b"", b"March", b"", b"kilometers"]
+    source = write_lines(tmp_path / "in.en", inputs)
+    prefix_file = write_lines(tmp_path / "prefixes.txt", prefixes)
+    rows = len(inputs)
+    controls = {
+        **{name: tf.fill([rows], NEUTRAL[name]) for name in CONTROLS},
+        "no_repeat_ngram_size": tf.fill([rows], 2), "disable_unk": tf.fill([rows], True),
+    }  # fmt: skip
+    base = ["--model", path, "--input", source, "--no-repeat-ngram-size", "2", "--disable-unk"]
+
+    def written(*flags):
+        assert translate_command.main([*base, *flags]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    searched = written("--beam-size", "2", "--alpha", "1.0", "--prefix-file", prefix_file)
+    expected = signatures["controlled_search"](
+        inputs=tf.constant(inputs), prefixes=tf.constant(prefixes), beam_size=tf.constant(2),
+        alpha=tf.constant(1.0), penalty_form=tf.constant(""), **controls,
+    )  # fmt: skip
+    assert searched == [t.decode("utf-8") for t in expected["translations"].numpy()]
+    assert searched[1].startswith("March")
+    # Top-1 samples with the same prefixes and controls: greedy search with them, twice a line.
+    sampled = written("--sampling-topk", "1", "--num-samples", "2", "--prefix-file", prefix_file)
+    greedy = signatures["controlled_search"](
+        inputs=tf.constant(inputs), prefixes=tf.constant(prefixes), beam_size=tf.constant(1),
+        alpha=tf.constant(0.0), penalty_form=tf.constant(""), **controls,
+    )  # fmt: skip
+    assert sampled == [t.decode("utf-8") for t in greedy["translations"].numpy() for _ in (0, 1)]
 
 
 def test_the_grpc_requests_of_the_docs_fit_every_signature(exported):

@@ -50,6 +50,16 @@ def source(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def untied_source(tmp_path_factory):
+    """As `source`, with an output projection `(D, V)` of its own and an output bias."""
+    out = tmp_path_factory.mktemp("untied") / "run"
+    flags = ["--steps", "4", "--steps-per-epoch", "2", "--set", "heldout_split=none", *TINY,
+             "--no-tie-output-embeddings", "--output-bias"]  # fmt: skip
+    assert main(["--output-dir", str(out), *flags]) == 0
+    return out
+
+
 def files_bytes(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
@@ -188,9 +198,14 @@ def test_a_run_starts_from_the_source_weights_and_vocabulary(source, tmp_path, c
     )
 
 
-def test_an_extended_vocabulary_keeps_every_old_row_and_spells_the_new_ones(source, tmp_path):
+@pytest.mark.parametrize("kind", ["source", "untied_source"])
+def test_an_extended_vocabulary_keeps_every_old_row_and_spells_the_new_ones(
+    kind, request, tmp_path
+):
     """`extend_vocabulary`: the source's pieces and rows first, bit for bit; each new piece's
-    row the mean of the source's rows for its old spelling; the run trains on the grown model."""
+    row the mean of the source's rows for its old spelling; the run trains on the grown model.
+    An untied projection `(D, V)` grows along its last axis."""
+    source = request.getfixturevalue(kind)
     out = tmp_path / "run"
     flags = ["--output-dir", str(out), "--init-from", str(source), "--target-locale", "de_CH",
              "--set", "extend_vocabulary=150", "--set", "default_corpus_sizes=[300,20,20]",
@@ -210,17 +225,25 @@ def test_an_extended_vocabulary_keeps_every_old_row_and_spells_the_new_ones(sour
     original = keras.saving.load_model(source / "model.keras")
     rows = spellings(str(source / "sentencepiece.model"),
                      [grown.id_to_piece(i) for i in range(size, size + added)])  # fmt: skip
-    grew = 0
+    grew = []
     for ours, theirs in zip(model.weights, original.weights, strict=True):
         ours, theirs = ours.numpy(), theirs.numpy()
         if ours.shape == theirs.shape:
             np.testing.assert_array_equal(ours, theirs)
             continue
-        grew += 1
-        np.testing.assert_array_equal(ours[:size], theirs)  # bitwise: every old row
-        expected = np.stack([theirs[ids].mean(axis=0) for ids in rows])
-        np.testing.assert_allclose(ours[size:], expected, rtol=1e-6, atol=1e-7)
-    assert grew >= 1  # the shared embedding (and an output bias where the model has one)
+        axis = [a != b for a, b in zip(ours.shape, theirs.shape, strict=True)].index(True)
+        grew.append(ours.shape)
+        old_rows = np.take(ours, np.arange(size), axis=axis)
+        np.testing.assert_array_equal(old_rows, theirs)  # bitwise: every old row
+        expected = np.stack([np.take(theirs, ids, axis=axis).mean(axis=axis) for ids in rows], axis)
+        new_rows = np.take(ours, np.arange(size, size + added), axis=axis)
+        np.testing.assert_allclose(new_rows, expected, rtol=1e-6, atol=1e-7)
+    hidden = model.hidden_dim
+    if kind == "source":  # the shared embedding
+        assert grew == [(size + added, hidden)]
+    else:  # the embedding, the projection (D, V) and its bias (V,)
+        assert sorted(grew) == sorted([(size + added, hidden), (hidden, size + added),
+                                       (size + added,)])  # fmt: skip
 
 
 def test_extend_vocabulary_needs_a_joint_translation_source(source, tmp_path, capsys):

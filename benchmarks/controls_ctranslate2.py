@@ -16,10 +16,12 @@ in CTranslate2's `length ** alpha` form (0 in `prefix`), in each arm:
   with alpha 0.6;
 - `greedy`: `controls`' controls with beam 1.
 Ours is `translation.translate_strings` (the SavedModel's path) with each
-sentence's controls as the `controlled_search` signature takes them, once
-with CTranslate2's stopping rule (`early_stop`, the engine check) and once
-with the export's (the served translations). The target: CTranslate2's
-translation on at least 98% of the sentences with its rule.
+sentence's controls as the `controlled_search` signature takes them, under
+beam search's two stopping rules: `early_stop` (CTranslate2's rule without a
+length penalty) and the default (the export's; with a length penalty
+CTranslate2 stops once `beam_size` hypotheses have finished, which the
+default rule is closer to). The target: CTranslate2's translation on at
+least 98% of the sentences, with the rule that matches its own.
 Writes benchmarks/results/controls_ctranslate2.json.
 """
 
@@ -71,6 +73,7 @@ def ours(model, tokenizer, max_length, sentences, search, controls, prefixes, ea
     """
     import tensorflow as tf
 
+    from pipelines.data.tokenizer import sides
     from pipelines.serving.controls import NEUTRAL, control_tensors
     from pipelines.serving.translation import translate_strings
 
@@ -79,7 +82,7 @@ def ours(model, tokenizer, max_length, sentences, search, controls, prefixes, ea
 
     @tf.function
     def run(inputs, prefixes):
-        tensors = control_tensors(tokenizer, inputs, values)
+        tensors = control_tensors(sides(tokenizer)[1], inputs, values)
         return translate_strings(
             model, tokenizer, inputs, *search, max_source_length=max_length,
             early_stop=early_stop, prefixes=prefixes, controls=tensors,
@@ -128,8 +131,11 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="controls_ct2_") as work:
         path = convert(model, spm_path, os.path.join(work, "ct2"), max_source_length=max_length)
         translator = CTranslate2Translator(path)
-        plain = ours(model, tokenizer, max_length, lines, (4, ALPHA), {}, None, True)
-        firsts = [(text.split() or [""])[0].encode("utf-8") for text in plain]
+        plain = {
+            alpha: ours(model, tokenizer, max_length, lines, (4, alpha), {}, None, alpha == 0)
+            for alpha in (0.0, ALPHA)
+        }  # without controls, under the rule each alpha is compared with
+        firsts = [(text.split() or [""])[0].encode("utf-8") for text in plain[ALPHA]]
         for arm, (beam_size, alpha, controls, with_prefixes) in arms(args.banned_words).items():
             prefixes = None
             if with_prefixes:
@@ -137,14 +143,14 @@ def main(argv=None):
             search = (beam_size, alpha)
             reference = theirs(translator, processor, sources, search, controls, prefixes)
             agreement = {}
-            for rule, early_stop in (("ctranslate2_rule", True), ("export_rule", False)):
+            for rule, early_stop in (("early_stop", True), ("default", False)):
                 texts = ours(
                     model, tokenizer, max_length, lines, search, controls, prefixes, early_stop
                 )
                 same = [a == b for a, b in zip(texts, reference, strict=True)]
                 agreement[rule] = round(100 * sum(same) / len(same), 2)
-                if early_stop:
-                    changed = sum(a != b for a, b in zip(texts, plain, strict=True))
+                if early_stop == (alpha == 0):  # the rule CTranslate2's matches
+                    changed = sum(a != b for a, b in zip(texts, plain[alpha], strict=True))
                     differing = [i for i, s in enumerate(same) if not s][:10]
             results[arm] = {
                 "beam_size": beam_size,
@@ -155,9 +161,9 @@ def main(argv=None):
                 "changed_by_the_controls": changed,
                 "first_differing_sentences": differing,
             }
-            rows.append([arm, beam_size, alpha, agreement["ctranslate2_rule"],
-                         agreement["export_rule"], changed])  # fmt: skip
-    header = ["arm", "beam", "alpha", "% equal (CT2's rule)", "% equal (export's)", "changed"]
+            rows.append([arm, beam_size, alpha, agreement["early_stop"], agreement["default"],
+                         changed])  # fmt: skip
+    header = ["arm", "beam", "alpha", "% equal (early_stop)", "% equal (default)", "changed"]
     print(table(header, rows))
     write_result(
         {

@@ -31,8 +31,9 @@ PAGES = (
     ("decoding.md", "Decoding", decoding,
      "greedy_search beam_search sample score_hypotheses length_penalty PENALTY_FORMS"),
     ("decoding-helpers.md", "Decoding: controls, constraints and the helpers the searches share",
-     None, "DecodingControls BracketConstraint filter_log_probs IMPOSSIBLE prepare_search SearchSetup CachedSteps "
-     "RecomputedSteps guide ban_special_tokens end_at_limit force_prefix gather_rows write_column"),
+     None, "DecodingControls BracketConstraint filter_log_probs IMPOSSIBLE prepare_search "
+     "SearchSetup CachedSteps RecomputedSteps guide ban_special_tokens end_at_limit force_prefix "
+     "gather_rows write_column"),
     ("tokenizers.md", "Tokenizers: your text to the model's ids and back", tokenizers,
      "train_sentencepiece SentencePieceTokenizer sentencepiece_model_bytes SPECIAL_IDS"),
     ("training.md", "Training: schedule, optimizer, loss, metric", None,

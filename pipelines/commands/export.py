@@ -89,8 +89,9 @@ def _parse(argv, prog):
     parser.add_argument(
         "--batching",
         action="store_true",
-        help="for TF Serving's --enable_batching: warm-up requests without `translate`, "
-        "whose scalar inputs the batcher refuses (a refused warm-up request fails the load)",
+        help="for TF Serving's --enable_batching: warm-up requests without `translate` and "
+        "`controlled_search`, whose scalar inputs the batcher refuses (a refused warm-up "
+        "request fails the load)",
     )
     parser.add_argument(
         "--chunk-size",

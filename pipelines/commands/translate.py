@@ -285,10 +285,11 @@ def _translate_files(args, sampling, banned):
         with open(args.prefix_file, "rb") as handle:
             prefix_data = handle.read()
         prefixes = read_input_lines(prefix_data)
-        _check_prefixes(
-            args, version, lines, prefixes, f"--input {args.input or 'stdin'}",
-            client.export_settings(version),
-        )  # fmt: skip
+        limits = client.export_settings(version)
+        if name == "controlled_sample":  # sampling keeps each sentence's own limit
+            limits = {**limits, "max_output_length": 0, "end_at_limit": False}
+        source_name = f"--input {args.input or 'stdin'}"
+        _check_prefixes(args, version, lines, prefixes, source_name, limits)
     elif name in ("align", "controlled_search", "controlled_sample"):
         prefixes = [b""] * len(lines)
     _warn_invalid_utf8(lines, f"--input {args.input}" if args.input else "stdin")  # checks passed
@@ -308,7 +309,10 @@ def _translate_files(args, sampling, banned):
                 "prefixes_sha256": hashlib.sha256(prefix_data).hexdigest(),
                 "model": export_identity(version),
                 "signature": name,
-                **{key: getattr(args, key) for key in ("beam_size", "alpha", "seed")},
+                **{
+                    key: getattr(args, key)
+                    for key in ("beam_size", "alpha", "penalty_form", "seed")
+                },
                 **{key: getattr(args, key) for key in SAMPLING_FLAGS + CONTROL_FLAGS},
                 "banned_words_sha256": hashlib.sha256(banned.encode()).hexdigest(),
             }
@@ -435,7 +439,9 @@ def main(argv=None, prog="kt translate"):
     parser.add_argument("--sampling-temperature", type=float, help="divides log-probabilities")
     parser.add_argument("--num-samples", type=int, help="samples per input line (lines out)")
     parser.add_argument("--seed", type=int, help="sampling seed (default 0)")
-    controls = parser.add_argument_group("decoding controls (the export's search; `controlled`)")
+    controls = parser.add_argument_group(
+        "decoding controls (with any search, prefixes or sampling: the `controlled*` signatures)"
+    )
     controls.add_argument("--no-repeat-ngram-size", type=int, help="no n-gram of this size twice")
     controls.add_argument(
         "--repetition-penalty", type=float, help="penalize tokens already produced (> 1)"

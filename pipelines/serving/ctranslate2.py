@@ -355,7 +355,8 @@ class CTranslate2Translator:
         options = {"max_decoding_length": max(limit, 1), "min_decoding_length": 0}
         if controls is not None:
             controlled = self._control_options(controls)
-            limit = min(controlled.pop("max_decoding_length", limit), limit)  # within the own
+            # Within the sentence's own limit, one piece less before a forced end (as the export).
+            limit = min(controlled.pop("max_decoding_length", limit) - self.forced_end, limit)
             options.update(controlled, max_decoding_length=max(limit, 1))
         if prefixes is not None:
             options["target_prefix"] = [

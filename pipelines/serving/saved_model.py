@@ -94,9 +94,11 @@ class Translator(tf.Module):
     The translation signatures run `pipelines.serving.translation.translate_strings`
     and `score` runs `score_strings`: a request is sorted by length and handled
     `chunk_size` sentences at a time, so its memory does not grow with its
-    size. Every input of every signature is batch-major except `translate`'s
-    scalar `beam_size` and `alpha`, so TF Serving's request batcher can merge
-    requests to every other signature.
+    size. Every input of every signature is batch-major except the scalar
+    `beam_size`, `alpha` and `penalty_form` of `translate` and
+    `controlled_search`, so TF Serving's request batcher can merge requests
+    to every other signature. The sampling signatures run
+    `sampling.sample_strings`.
 
     The module tracks the tf.Variables its traced signatures read, not the
     Keras model, as Keras's own `ExportArchive` does: TF Serving's loader (and
@@ -321,8 +323,9 @@ def export(translator, base_dir, version=None, batching=False):
         base_dir: str, the model's folder, e.g. `saved_models/default`.
         version: int or None, defaults to `next_version(base_dir)`.
         batching: bool, the version is for TF Serving's `--enable_batching`:
-            its warm-up requests leave out `translate`, which the batcher
-            refuses (see `pipelines.serving.warmup`).
+            its warm-up requests leave out `translate` and
+            `controlled_search`, which the batcher refuses (see
+            `pipelines.serving.warmup`).
 
     Returns:
         str, the version's folder.

@@ -58,7 +58,8 @@ def warmup_requests(name="model", batching=False):
         name: str, the model name the requests carry (TF Serving ignores it
             while warming up and uses the model being loaded).
         batching: bool, leave out the requests the batcher refuses
-            (`batcher_accepts`): `translate`'s (see the module docstring).
+            (`batcher_accepts`): `translate`'s and `controlled_search`'s
+            (see the module docstring).
 
     Returns:
         list of `tensorflow_serving.apis.prediction_log_pb2.PredictionLog`.

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import (
     beam_stop_rule,
     common,
+    controls_ctranslate2,
     corpus_scale,
     cpu_training_step,
     decoding,
@@ -135,6 +136,21 @@ def test_decoding_controls_smoke(tiny_run, tmp_path):
     assert set(result["results"]) == {f"beam{b}_{arm}" for b in (1, 4) for arm in arms}
     assert all(entry["sentences_per_second"] > 0 for entry in result["results"].values())
     assert set(result["ratios"]) == {f"beam{b}_{a}_time_over_off" for b in (1, 4) for a in arms[1:]}
+
+
+@pytest.mark.slow  # five arms, each searched three times
+def test_controls_ctranslate2_smoke(tiny_run, tmp_path):
+    output = tmp_path / "controls_ct2.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--banned-words", "March", "4:08 PM",
+            "--output", str(output)]  # fmt: skip
+    assert controls_ctranslate2.main(argv) == 0
+    result = read(output)
+    assert set(result["results"]) == {"controls", "banned", "prefix", "prefix_alpha", "greedy"}
+    for entry in result["results"].values():
+        assert set(entry["percent_equal"]) == {"early_stop", "default"}
+        assert all(0 <= share <= 100 for share in entry["percent_equal"].values())
+    assert result["results"]["banned"]["controls"] == {"banned_words": "March\n4:08 PM"}
 
 
 def test_decoding_concurrency_smoke(tiny_run, tmp_path):

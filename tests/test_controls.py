@@ -344,6 +344,12 @@ def test_decoding_controls_as_a_value_equal_the_dict_and_check_tensors_row_by_ro
     value = DecodingControls(**controls)
     assert rows(greedy_search(model, SOURCES, extra_length=EXTRA, controls=value)) == as_dict
     assert DecodingControls().active() is None  # every control neutral: the plain search
+    config = value.get_config()
+    assert config["banned_tokens"] == [[4, 5], [6]] and config["disable_unk"] is True
+    again = rows(
+        greedy_search(model, SOURCES, extra_length=EXTRA, controls=value.from_config(config))
+    )
+    assert again == as_dict
     assert DecodingControls(max_length=None).max_length == 0
     with pytest.raises(ValueError, match="Unknown decoding controls: \\['no_repeat'\\]"):
         greedy_search(model, SOURCES, controls={"no_repeat": 2})

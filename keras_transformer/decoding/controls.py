@@ -159,6 +159,33 @@ class DecodingControls:
         """The five settings other than `banned_tokens`, by name (dict)."""
         return {name: getattr(self, name) for name in self.SETTINGS}
 
+    def get_config(self):
+        """The controls as plain Python values (JSON-ready); `from_config` rebuilds them.
+
+        Banned sequences `(N, L)` come back as id lists without their padding; one
+        sentence's each `(B, N, L)` stays laid out, -1 for any token.
+        """
+        config = {
+            name: ops.convert_to_numpy(value).tolist() if hasattr(value, "shape") else value
+            for name, value in self.settings().items()
+        }
+        banned = self.banned_tokens
+        if banned is not None:
+            banned = ops.convert_to_numpy(banned)
+            if banned.ndim == 2:
+                banned = [[int(t) for t in row if t != ANY_TOKEN] for row in banned]
+            else:
+                banned = banned.tolist()
+        return {**config, "banned_tokens": banned}
+
+    @classmethod
+    def from_config(cls, config):
+        """The `DecodingControls` of `get_config()`'s dict."""
+        banned = config.get("banned_tokens")
+        if banned and isinstance(banned[0], list) and banned[0] and isinstance(banned[0][0], list):
+            config = {**config, "banned_tokens": np.array(banned, "int32")}  # (B, N, L)
+        return cls(**config)
+
     @staticmethod
     def rules(settings):
         """The checks of the settings: `[(valid, message, names)]`.

@@ -81,9 +81,14 @@ def guided_signatures(translate, model, tokenizer, beam_size, alpha, limits):
         )  # fmt: skip
         return {"translations": texts, "scores": scores}
 
+    # Named parameters, not `*values`: a traced function with varargs refuses keyword calls.
     @tf.function(input_signature=[sentences_spec, *control_specs()])
-    def controlled(inputs, *values):  # the controls in `CONTROLS` order, named by their specs
-        controls = dict(zip(CONTROLS, values, strict=True))
+    def controlled(
+        inputs, no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk,
+        banned_words,
+    ):  # fmt: skip
+        values = (no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk)
+        controls = dict(zip(CONTROLS, (*values, banned_words), strict=True))
         tensors = control_tensors(sides(tokenizer)[1], inputs, controls)
         texts, scores = translate(inputs, beam_size, alpha, 1, controls=tensors)
         return {"translations": texts[:, 0], "scores": scores[:, 0]}
@@ -114,9 +119,9 @@ def combined_signatures(translate, model, tokenizer, limits, lengths):
     target_tokenizer = sides(tokenizer)[1]
 
     def controls_of(inputs, prefixes, values):
-        """The controls (the first `len(CONTROLS)` of `values`) as the searches take them."""
+        """The controls (`values` in `CONTROLS` order) as the searches take them."""
         check_rows(inputs, prefixes=prefixes)
-        controls = dict(zip(CONTROLS, values[: len(CONTROLS)], strict=True))
+        controls = dict(zip(CONTROLS, values, strict=True))
         return control_tensors(target_tokenizer, inputs, controls)
 
     @tf.function(
@@ -127,9 +132,12 @@ def combined_signatures(translate, model, tokenizer, limits, lengths):
             tf.TensorSpec([], tf.string, name="penalty_form"),
         ]
     )  # fmt: skip
-    def controlled_search(inputs, prefixes, *values):  # the controls, then the three scalars
-        tensors = controls_of(inputs, prefixes, values)
-        beam_size, alpha, penalty_form = values[len(CONTROLS) :]
+    def controlled_search(
+        inputs, prefixes, no_repeat_ngram_size, repetition_penalty, min_length, max_length,
+        disable_unk, banned_words, beam_size, alpha, penalty_form,
+    ):  # fmt: skip
+        values = (no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk)
+        tensors = controls_of(inputs, prefixes, (*values, banned_words))
         tf.debugging.assert_positive(beam_size, message="beam_size must be positive")
         form = {**lengths, "penalty_form": form_offset(penalty_form, lengths["penalty_form"])}
         texts, scores = translate(
@@ -146,9 +154,12 @@ def combined_signatures(translate, model, tokenizer, limits, lengths):
             tf.TensorSpec([None], tf.int64, name="seed"),
         ]
     )  # fmt: skip
-    def controlled_sample(inputs, prefixes, *values):  # the controls, then the four settings
-        tensors = controls_of(inputs, prefixes, values)
-        temperature, top_k, top_p, seed = values[len(CONTROLS) :]
+    def controlled_sample(
+        inputs, prefixes, no_repeat_ngram_size, repetition_penalty, min_length, max_length,
+        disable_unk, banned_words, temperature, top_k, top_p, seed,
+    ):  # fmt: skip
+        values = (no_repeat_ngram_size, repetition_penalty, min_length, max_length, disable_unk)
+        tensors = controls_of(inputs, prefixes, (*values, banned_words))
         texts, scores = sample_strings(
             model, tokenizer, inputs, temperature, top_k, top_p, seed, *limits,
             prefixes=prefixes, controls=tensors,

@@ -102,6 +102,8 @@ def test_fresh_process_serves_the_keras_beam_search(exported, served):
     assert served["signatures"] == [
         "align",
         "controlled",
+        "controlled_sample",
+        "controlled_search",
         "nbest",
         "prefix",
         "sample",

@@ -135,7 +135,9 @@ def main(argv=None):
             alpha: ours(model, tokenizer, max_length, lines, (4, alpha), {}, None, alpha == 0)
             for alpha in (0.0, ALPHA)
         }  # without controls, under the rule each alpha is compared with
-        firsts = [(text.split() or [""])[0].encode("utf-8") for text in plain[ALPHA]]
+        # A first word of at most 20 characters (an untrained model's may outgrow the limit).
+        firsts = [(text.split() or [""])[0] for text in plain[ALPHA]]
+        firsts = [(word if len(word) <= 20 else "").encode("utf-8") for word in firsts]
         for arm, (beam_size, alpha, controls, with_prefixes) in arms(args.banned_words).items():
             prefixes = None
             if with_prefixes:

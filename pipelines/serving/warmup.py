@@ -66,6 +66,15 @@ def warmup_requests(name="model", batching=False):
     """
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
+    # Greedy and beam search are two branches of `translate` and `controlled_search`.
+    searches = [
+        {
+            "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
+            "alpha": tf.make_tensor_proto(0.6, tf.float32),
+            "penalty_form": tf.make_tensor_proto(""),
+        }
+        for beam_size in (1, 4)
+    ]
     inputs = []
     for batch in WARMUP_BATCHES:
         sentences = tf.make_tensor_proto(batch, tf.string)
@@ -77,13 +86,7 @@ def warmup_requests(name="model", batching=False):
             ("prefix", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
             ("align", {SIGNATURE_INPUT: sentences, "prefixes": prefixes}),
         ]
-        for beam_size in (1, 4):  # greedy and beam search are two branches of `translate`
-            options = {
-                "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
-                "alpha": tf.make_tensor_proto(0.6, tf.float32),
-                "penalty_form": tf.make_tensor_proto(""),
-            }
-            inputs.append(("translate", {SIGNATURE_INPUT: sentences, **options}))
+        inputs += [("translate", {SIGNATURE_INPUT: sentences, **search}) for search in searches]
         rows = len(batch)
         for top_k in (0, 10):  # sampling with and without the sorting branch
             settings = {
@@ -102,14 +105,8 @@ def warmup_requests(name="model", batching=False):
             inputs.append(("controlled", {SIGNATURE_INPUT: sentences, **controls}))
             # Any search and sampling with prefixes and controls: both branches of each.
             guided = {SIGNATURE_INPUT: sentences, "prefixes": prefixes, **controls}
-            for beam_size in (1, 4):
-                options = {
-                    "beam_size": tf.make_tensor_proto(beam_size, tf.int32),
-                    "alpha": tf.make_tensor_proto(0.6, tf.float32),
-                    "penalty_form": tf.make_tensor_proto(""),
-                }
-                inputs.append(("controlled_search", {**guided, **options}))
-            inputs.append(("controlled_sample", {**guided, **settings}))
+            inputs += [("controlled_search", {**guided, **search}) for search in searches]
+            inputs.append(("controlled_sample", {**guided, **settings}))  # top_k 10's
     logs = []
     for signature, tensors in inputs:
         if batching and not batcher_accepts(tensors):

@@ -156,13 +156,17 @@ def load_run(run_dir):
     return model, run_max_length(run_dir)
 
 
-def export_run(run_dir, base_dir):
-    """Exports a training run as a SavedModel under `base_dir`; returns the version folder."""
+def export_run(run_dir, base_dir, signatures=None):
+    """Exports a training run as a SavedModel under `base_dir`; returns the version folder.
+
+    `signatures` (list of names, None for all) are the ones the benchmark calls.
+    """
     from pipelines.serving import saved_model
 
     model, max_length = load_run(run_dir)
     spm_path = os.path.join(run_dir, "sentencepiece.model")
-    return saved_model.export(saved_model.Translator(model, spm_path, max_length), base_dir)
+    translator = saved_model.Translator(model, spm_path, max_length, signatures=signatures)
+    return saved_model.export(translator, base_dir)
 
 
 def stage_environment():

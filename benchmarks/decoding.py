@@ -96,7 +96,9 @@ def build_decoders(run_dir, work_dir, names, batch_size):
                 _keras_decoder(model, tok, max_length, use_cache, batch_size)
             )
     if "saved_model" in names:
-        translator = export.Translator(model, spm_path, max_length, chunk_size=batch_size)
+        translator = export.Translator(
+            model, spm_path, max_length, chunk_size=batch_size, signatures=["translate"]
+        )
         path = export.export(translator, os.path.join(work_dir, "saved_models", "model"))
         decoders["saved_model"] = lines_translator(
             tf.saved_model.load(path).signatures["translate"]

@@ -101,7 +101,9 @@ def build_decoders(run_dir, work_dir, batch_size, sources):
         # its module: the variant is in place only while it is traced.
         translation.by_length_chunks = functools.partial(one_at_a_time, parallel_chunks=chunks)
         try:
-            translator = saved_model.Translator(model, spm_path, max_length, chunk_size=batch_size)
+            translator = saved_model.Translator(
+                model, spm_path, max_length, chunk_size=batch_size, signatures=["translate"]
+            )
             path = saved_model.export(translator, os.path.join(work_dir, f"chunks{chunks}"))
         finally:
             translation.by_length_chunks = one_at_a_time

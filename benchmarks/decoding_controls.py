@@ -100,7 +100,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="decoding_controls_") as work:
         searches = {}
         for beam_size in (1, 4):
-            translator = saved_model.Translator(model, spm_path, max_length, beam_size=beam_size)
+            translator = saved_model.Translator(
+                model, spm_path, max_length, beam_size=beam_size,
+                signatures=["serving_default", "controlled"],
+            )  # fmt: skip
             version = saved_model.export(translator, os.path.join(work, f"beam{beam_size}"))
             searches[beam_size] = arms(version, args.banned_words)
 

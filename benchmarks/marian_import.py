@@ -157,6 +157,7 @@ def engines(run, folder, model, tokenizer, work, threads, limit):
     translator = Translator(
         keras_model,
         os.path.join(run, "sentencepiece.model"), 512, lengths={"max_output_length": limit},
+        signatures=["translate"],
     )  # fmt: skip
     path = export(translator, os.path.join(work, "saved_models", "marian"))
     translate = tf.saved_model.load(path).signatures["translate"]

@@ -80,7 +80,8 @@ def main(argv=None):
         tf.constant([sources[i] for i in order[start : start + args.batch_size]])
         for start in range(0, len(order), args.batch_size)
     ]
-    loaded = tf.saved_model.load(export_run(args.run_dir, tempfile.mkdtemp()))
+    version = export_run(args.run_dir, tempfile.mkdtemp(), ["translate", "sample"])
+    loaded = tf.saved_model.load(version)
     translate, sample = loaded.signatures["translate"], loaded.signatures["sample"]
 
     def greedy_request(batch):

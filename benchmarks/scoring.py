@@ -53,7 +53,8 @@ def main(argv=None):
     import tensorflow as tf
 
     with tempfile.TemporaryDirectory() as work_dir:
-        signatures = tf.saved_model.load(export_run(args.run_dir, work_dir)).signatures
+        version = export_run(args.run_dir, work_dir, ["score", "translate"])
+        signatures = tf.saved_model.load(version).signatures
 
         def score(batch, targets):
             return signatures["score"](sources=tf.constant(batch), targets=tf.constant(targets))

@@ -12,7 +12,7 @@ model's run records its own generation settings), `--tree-words` to its
 `assets.extra/keras_transformer.json`. `--quantize int8` (or `int8-weights`)
 stores the matrix weights in int8 (`pipelines.serving.quantization`);
 `--batching` writes warm-up requests that TF Serving's `--enable_batching`
-accepts (`pipelines.serving.warmup`).
+accepts (`pipelines.serving.warmup`); `--signatures` exports some signatures only.
 """
 
 import argparse
@@ -30,6 +30,7 @@ from pipelines.commands.arguments import (
 from pipelines.errors import ConfigError
 from pipelines.files import prepare_output_folder
 from pipelines.serving.quantization import QUANTIZE_MODES
+from pipelines.serving.signatures import SIGNATURES
 from pipelines.serving.translation import CHUNK_SIZE, LENGTH_DEFAULTS
 from pipelines.serving.versions import check_version
 
@@ -94,6 +95,14 @@ def _parse(argv, prog):
         "request fails the load)",
     )
     parser.add_argument(
+        "--signatures",
+        nargs="+",
+        choices=SIGNATURES,
+        metavar="NAME",
+        help=f"export these signatures only: {', '.join(SIGNATURES)} (default: all); "
+        "fewer load faster and take less space",
+    )
+    parser.add_argument(
         "--chunk-size",
         type=int,
         default=CHUNK_SIZE,
@@ -154,6 +163,7 @@ def _export(args):
         tree_words=run_tree_words(run_dir) if args.tree_words is None else args.tree_words,
         quantize=args.quantize,
         lengths={name: getattr(args, name) for name in LENGTH_DEFAULTS},
+        signatures=args.signatures,
     )
     print(export(translator, base_dir, args.version, batching=args.batching))
 

@@ -61,7 +61,7 @@ def load_signature(path, name="translate"):
     if name not in signatures:
         raise ExportError(
             f"the SavedModel {version} has no {name} signature (it has {', '.join(signatures)}): "
-            "an export made before it; export the model again"
+            "an export made before it or without it (--signatures); export the model again"
         )
     return version, signatures[name]
 
@@ -80,8 +80,8 @@ def export_settings(version):
         `penalty_form`, `max_output_length`, `end_at_limit` (see
         `Translator`'s `lengths`), `batching` (its warm-up suits TF
         Serving's `--enable_batching`: `kt export --batching`) and, for
-        exports that record them, `max_source_length` and `quantize` (None,
-        "int8" or "int8-weights").
+        exports that record them, `max_source_length`, `quantize` (None,
+        "int8" or "int8-weights") and `signatures` (the names it holds).
         Exports made before the settings file get the settings they used.
 
     Raises:

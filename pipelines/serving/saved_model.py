@@ -42,6 +42,9 @@ Signatures (`inputs` is always a string tensor of shape `[None]`):
     controlled_sample: `controlled`'s inputs, `prefixes`, and `sample`'s
         four: one sample each, with each sentence's prefix and controls.
 
+`Translator(..., signatures=[...])` (`kt export --signatures`) exports some of
+them only.
+
 Prefixes and alignments are signatures of their own, not optional inputs or
 outputs of `serving_default`: a signature's inputs are all required, TF
 Serving computes every output of a signature (its REST API cannot filter
@@ -72,7 +75,13 @@ from pipelines.files import free_bytes, staging_folder, write_json
 from pipelines.serving.client import SETTINGS_FILE, SIGNATURE_INPUT
 from pipelines.serving.quantization import quantized
 from pipelines.serving.rows import check_rows
-from pipelines.serving.signatures import combined_signatures, form_offset, guided_signatures
+from pipelines.serving.signatures import (
+    SIGNATURES,
+    chosen_signatures,
+    combined_signatures,
+    form_offset,
+    guided_signatures,
+)
 from pipelines.serving.translation import (
     CHUNK_SIZE,
     EXTRA_LENGTH,
@@ -129,6 +138,12 @@ class Translator(tf.Module):
         lengths: dict or None, how lengths count in every search but sampling:
             `penalty_form`, `max_output_length`, `end_at_limit`
             (`translation.LENGTH_DEFAULTS`, `translate_strings`).
+        signatures: iterable of str or None, the signatures the export holds
+            (`signatures.SIGNATURES`); None holds all. Fewer signatures trace,
+            save and load faster and take less space.
+
+    Raises:
+        ValueError: an unknown signature name.
     """
 
     def __init__(
@@ -145,14 +160,16 @@ class Translator(tf.Module):
         tree_words=False,
         quantize=None,
         lengths=None,
+        signatures=None,
     ):
         super().__init__(name="translator")
+        names = chosen_signatures(signatures)
         lengths = {**LENGTH_DEFAULTS, **(lengths or {})}
         # What `export` records for clients (`client.export_settings`).
         self.search_settings = dict(
             beam_size=beam_size, alpha=alpha, nbest=num_hypotheses, extra_length=extra_length,
             max_source_length=max_source_length, tree_constraint=tree_constraint,
-            tree_words=tree_words, quantize=quantize, **lengths,
+            tree_words=tree_words, quantize=quantize, **lengths, signatures=list(names),
         )  # fmt: skip
         model = _exported_model(model, sentencepiece_path, quantize)
         constraint = _constraint(sentencepiece_path, model.eos_id, tree_constraint, tree_words)
@@ -205,10 +222,12 @@ class Translator(tf.Module):
 
         limits = (max_source_length, chunk_size, extra_length)
         guided = guided_signatures(translate, model, tokenizers, beam_size, alpha, limits)
-        self.serve, self.nbest, self.translate, self.score = serve, nbest, translate_with, score
-        self.prefix, self.align, self.sample, self.controlled = guided
         combined = combined_signatures(translate, model, tokenizers, limits, lengths)
-        self.controlled_search, self.controlled_sample = combined
+        functions = dict(
+            zip(SIGNATURES, (serve, nbest, translate_with, score, *guided, *combined), strict=True)
+        )
+        # Only the chosen ones are tracked: `tf.saved_model.save` traces every tracked function.
+        self.functions = {name: functions[name] for name in names}
         self.model_variables = _captured_variables(self.signatures().values())
 
     def estimated_bytes(self):
@@ -219,7 +238,7 @@ class Translator(tf.Module):
         signatures), plus the ops themselves.
         """
         weights = sum(v.shape.num_elements() * v.dtype.size for v in self.model_variables)
-        return weights + 36 * self.vocabulary_bytes + 2**20
+        return weights + 4 * len(self.functions) * self.vocabulary_bytes + 2**20
 
     def _add_vocabularies(self, sentencepiece_path):
         """Tracks the vocabulary files as assets; returns the tokenizer or a `Sides` of two."""
@@ -239,19 +258,8 @@ class Translator(tf.Module):
         return Sides(self.tokenizer, self.target_tokenizer)
 
     def signatures(self):
-        """`{name: tf.function}` of every signature, for `tf.saved_model.save`."""
-        return {
-            "serving_default": self.serve,
-            "nbest": self.nbest,
-            "translate": self.translate,
-            "score": self.score,
-            "prefix": self.prefix,
-            "align": self.align,
-            "sample": self.sample,
-            "controlled": self.controlled,
-            "controlled_search": self.controlled_search,
-            "controlled_sample": self.controlled_sample,
-        }
+        """`{name: tf.function}` of the export's signatures, for `tf.saved_model.save`."""
+        return dict(self.functions)
 
 
 def _tokenizer(path, name=None):
@@ -339,7 +347,7 @@ def export(translator, base_dir, version=None, batching=False):
     try:
         try:
             tf.saved_model.save(translator, staging, signatures=translator.signatures())
-            write_warmup_requests(staging, batching)
+            write_warmup_requests(staging, batching, tuple(translator.functions))
             settings = {**translator.search_settings, "batching": batching}
             write_json(os.path.join(staging, SETTINGS_FILE), settings)
         except (tf.errors.ResourceExhaustedError, OSError) as error:

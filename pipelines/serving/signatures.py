@@ -14,6 +14,36 @@ from pipelines.serving.controls import CONTROLS, control_specs, control_tensors
 from pipelines.serving.rows import check_rows
 from pipelines.serving.sampling import sample_strings
 
+# Every signature an export can hold, in the order `Translator.signatures` lists them.
+SIGNATURES = (
+    "serving_default", "nbest", "translate", "score", "prefix", "align", "sample",
+    "controlled", "controlled_search", "controlled_sample",
+)  # fmt: skip
+
+
+def chosen_signatures(names):
+    """`names` checked against `SIGNATURES` and put in their order; None is every signature.
+
+    Args:
+        names: iterable of str, or None.
+
+    Returns:
+        tuple of str.
+
+    Raises:
+        ValueError: an unknown name, or none at all.
+    """
+    if names is None:
+        return SIGNATURES
+    names = set(names)
+    unknown = sorted(names - set(SIGNATURES))
+    if unknown or not names:
+        raise ValueError(
+            f"signatures must be some of {', '.join(SIGNATURES)}. "
+            f"Received: {', '.join(unknown) or 'none'}"
+        )
+    return tuple(name for name in SIGNATURES if name in names)
+
 
 def form_offset(form, default):
     """A request's length penalty form (string scalar, "" for `default`) as its float32 offset

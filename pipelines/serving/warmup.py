@@ -51,7 +51,7 @@ WARMUP_CONTROLS = {
 }  # fmt: skip
 
 
-def warmup_requests(name="model", batching=False):
+def warmup_requests(name="model", batching=False, signatures=None):
     """TF Serving warm-up requests: one `PredictionLog` for each signature.
 
     Args:
@@ -60,6 +60,8 @@ def warmup_requests(name="model", batching=False):
         batching: bool, leave out the requests the batcher refuses
             (`batcher_accepts`): `translate`'s and `controlled_search`'s
             (see the module docstring).
+        signatures: collection of str or None, the export's signatures:
+            requests to others are left out (None: every signature).
 
     Returns:
         list of `tensorflow_serving.apis.prediction_log_pb2.PredictionLog`.
@@ -111,6 +113,8 @@ def warmup_requests(name="model", batching=False):
     for signature, tensors in inputs:
         if batching and not batcher_accepts(tensors):
             continue
+        if signatures is not None and signature not in signatures:
+            continue
         request = predict_pb2.PredictRequest(
             model_spec=model_pb2.ModelSpec(name=name, signature_name=signature)
         )
@@ -120,7 +124,7 @@ def warmup_requests(name="model", batching=False):
     return logs
 
 
-def write_warmup_requests(saved_model_dir, batching=False):
+def write_warmup_requests(saved_model_dir, batching=False, signatures=None):
     """Writes `assets.extra/tf_serving_warmup_requests` into a SavedModel folder.
 
     TF Serving replays these requests when it loads the version, before it
@@ -130,16 +134,20 @@ def write_warmup_requests(saved_model_dir, batching=False):
         saved_model_dir: str, the SavedModel's folder.
         batching: bool, requests for `--enable_batching` (`warmup_requests`),
             also recorded in the version's `keras_transformer.json` where it has one.
+        signatures: collection of str or None, the export's signatures
+            (None: those its `keras_transformer.json` lists, or every one).
 
     Returns:
         str, the file written.
     """
     path = os.path.join(saved_model_dir, WARMUP_FILE)
+    settings = os.path.join(saved_model_dir, SETTINGS_FILE)
+    if signatures is None and os.path.exists(settings):
+        signatures = read_json(settings).get("signatures")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
-        for log in warmup_requests(batching=batching):
+        for log in warmup_requests(batching=batching, signatures=signatures):
             writer.write(log.SerializeToString())
-    settings = os.path.join(saved_model_dir, SETTINGS_FILE)
     if os.path.exists(settings):  # a version's warm-up rewritten in place: its record follows
         write_json(settings, {**read_json(settings), "batching": batching})
     return path

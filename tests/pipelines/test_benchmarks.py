@@ -34,6 +34,7 @@ from benchmarks import (
     training_throughput,
     warmup,
 )
+from pipelines.serving.signatures import SIGNATURES
 from tests.pipelines.conftest import tiny_translation_model
 
 
@@ -249,7 +250,8 @@ def test_ptb_recipe_smoke(tmp_path):
                                 "end_at_limit": False, "batching": False,
                                 "max_source_length": 1100,
                                 "tree_constraint": True,
-                                "tree_words": True, "quantize": None}  # fmt: skip
+                                "tree_words": True, "quantize": None,
+                                "signatures": list(SIGNATURES)}  # fmt: skip
     assert set(result["splits"]) == {"dev", "test"}  # test files present: scored too
     for split, sentences in (("dev", 6), ("test", 4)):
         found = result["splits"][split]

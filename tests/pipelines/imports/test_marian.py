@@ -204,9 +204,11 @@ def test_the_export_decodes_with_the_models_generation_settings_as_generate(
     assert decoding["beam_size"] == 4 and decoding["alpha"] == alpha
     assert decoding["penalty_form"] == "power" and decoding["end_at_limit"] is True
     assert decoding["max_output_length"] == MAX_LENGTH - 1  # generate's counts the start token
-    assert export.main(["--run-dir", str(run), "--base", str(tmp_path), "--name", "m"]) == 0
+    argv = ["--run-dir", str(run), "--base", str(tmp_path), "--name", "m"]
+    assert export.main([*argv, "--signatures", "translate", "serving_default"]) == 0
     capsys.readouterr()
     loaded = tf.saved_model.load(str(tmp_path / "m" / "1"))
+    assert set(loaded.signatures) == {"serving_default", "translate"}
     inputs = tf.constant(HELD_OUT)
     beam = loaded.signatures["serving_default"](inputs=inputs)["translations"].numpy()
     greedy = loaded.signatures["translate"](
@@ -231,7 +233,8 @@ def test_language_codes_are_kept_whole_as_marian_tokenizer_keeps_them(imported, 
     coded += [">>xyz<< unknown code", "no >>fra<< code at the start"]
     expected = [tokenizer.convert_ids_to_tokens(ids[:-1]) for ids in tokenizer(coded).input_ids]
     assert expected[0][0] == CODES[0] and expected[16][0] == CODES[1]
-    assert export.main(["--run-dir", str(run), "--base", str(tmp_path), "--name", "m"]) == 0
+    argv = ["--run-dir", str(run), "--base", str(tmp_path), "--name", "m"]
+    assert export.main([*argv, "--signatures", "align"]) == 0
     assert ctranslate2_export.main(["--run-dir", str(run), "--output", str(tmp_path / "ct2")]) == 0
     capsys.readouterr()
     loaded = tf.saved_model.load(str(tmp_path / "m" / "1"))

@@ -47,7 +47,9 @@ def ptb_run(tmp_path_factory):
     assert (
         train.main(["--recipe", "ptb", "--treebank-dir", treebank, "--output-dir", out, *TINY]) == 0
     )
-    assert export.main(["--run-dir", out, "--base", str(root / "saved"), "--name", "ptb"]) == 0
+    argv = ["--run-dir", out, "--base", str(root / "saved"), "--name", "ptb"]
+    # What kt parse and the tests below call.
+    assert export.main([*argv, "--signatures", "serving_default", "nbest", "prefix"]) == 0
     return root, treebank, out
 
 
@@ -108,7 +110,8 @@ def test_the_export_takes_the_recipes_search_and_output_limit(ptb_run, tmp_path,
     settings = client.export_settings(version)
     assert settings == {"beam_size": 3, "alpha": 0.3, "nbest": 3, "extra_length": 40,
                         "max_source_length": 1100, "tree_constraint": True,
-                        "tree_words": True, "quantize": None, **LENGTHS}  # fmt: skip
+                        "tree_words": True, "quantize": None, **LENGTHS,
+                        "signatures": ["serving_default", "nbest", "prefix"]}  # fmt: skip
     loaded = tf.saved_model.load(version)
     outputs = loaded.signatures["nbest"](inputs=tf.constant(["the dog sees a cat ."]))
     assert outputs["translations"].shape == (1, 3)  # nbest: the recipe's beam of 3
@@ -200,7 +203,7 @@ def test_parse_reads_brackets_in_words_as_the_treebank_writes_them(ptb_run, tmp_
 def test_the_export_writes_words_as_its_run_says_or_as_told(ptb_run, tmp_path):
     _, _, out = ptb_run
     argv = ["--run-dir", out, "--base", str(tmp_path), "--name", "p", "--beam-size", "1"]
-    assert export.main([*argv, "--no-tree-words"]) == 0
+    assert export.main([*argv, "--no-tree-words", "--signatures", "serving_default"]) == 0
     assert client.export_settings(str(tmp_path / "p" / "1"))["tree_words"] is False
     config = json.loads(open(os.path.join(out, "config.json")).read())
     assert recorded.run_tree_words(out) is config["data"]["treebank_words"] is True
@@ -262,7 +265,8 @@ def test_whole_source_words_keep_the_parsers_tags_apart_from_the_words(tmp_path,
     assert vocabulary_tags(spm_path) == tags and "." in frequent  # "." is both
     with open(os.path.join(out, "result.json"), encoding="utf-8") as handle:
         assert json.load(handle)["greedy_parse"]["repaired"] == 0
-    assert export.main(["--run-dir", out, "--base", base, "--name", "ptb"]) == 0
+    argv = ["--run-dir", out, "--base", base, "--name", "ptb", "--signatures", "serving_default"]
+    assert export.main(argv) == 0
     assets = os.path.join(base, "ptb", "1", "assets")
     assert vocabulary_tags(os.path.join(assets, "sentencepiece.model")) == tags
     words, output = tmp_path / "in.words", tmp_path / "out.trees"

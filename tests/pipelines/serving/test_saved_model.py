@@ -19,6 +19,7 @@ from pipelines.errors import ExportError
 from pipelines.serving.client import export_settings
 from pipelines.serving.controls import CONTROLS, NEUTRAL, control_tensors, controls_on
 from pipelines.serving.saved_model import Translator, export
+from pipelines.serving.signatures import SIGNATURES
 from pipelines.serving.translation import decode, encode, translate_strings
 from pipelines.serving.versions import next_version
 from pipelines.serving.warmup import (
@@ -769,15 +770,49 @@ def test_an_export_for_the_batcher_warms_up_only_what_the_batcher_accepts(export
     assert len(kept) == len(default) - 12  # 2 batches, beam 1 and 4; controls off and on
     # Recorded, so that an operator tells the two kinds apart from the export alone.
     assert export_settings(str(tmp_path / "batched" / "1"))["batching"] is True
-    argv = [*argv[: argv.index("batched")], "plain"]
+    argv = [*argv[: argv.index("batched")], "plain", "--signatures", "serving_default", "score"]
     assert export_command.main(argv) == 0
     assert export_settings(str(tmp_path / "plain" / "1"))["batching"] is False
-    # The docs' in-place rewrite of an export's warm-up: its record follows.
+    # The docs' in-place rewrite of an export's warm-up: its record follows, and the requests
+    # are those of the signatures it holds.
     write_warmup_requests(str(tmp_path / "plain" / "1"), batching=True)
     assert export_settings(str(tmp_path / "plain" / "1"))["batching"] is True
     assert read_warmup_requests(str(tmp_path / "plain" / "1"))[0].SerializeToString() == (
         batched[0].SerializeToString()
     )
+
+
+def test_an_export_of_some_signatures_holds_and_warms_up_those_alone(exported, tmp_path, capsys):
+    full, model, spm_path, full_path = exported
+    with pytest.raises(ValueError, match="Received: nbest_of_all, sampling"):
+        Translator(model, spm_path, MAX_SOURCE_LENGTH, signatures=["sampling", "nbest_of_all"])
+    translator = Translator(
+        model, spm_path, MAX_SOURCE_LENGTH, beam_size=4, alpha=0.6, num_hypotheses=3,
+        chunk_size=3, signatures=["score", "serving_default"],
+    )  # fmt: skip
+    assert translator.estimated_bytes() < full.estimated_bytes()
+    path = export(translator, str(tmp_path / "some"))
+    assert export_settings(path)["signatures"] == ["serving_default", "score"]
+    assert export_settings(full_path)["signatures"] == list(SIGNATURES)
+    loaded = tf.saved_model.load(path).signatures
+    assert sorted(loaded) == ["score", "serving_default"]
+    warmed = [request.model_spec.signature_name for request in read_warmup_requests(path)]
+    assert sorted(set(warmed)) == ["score", "serving_default"] and len(warmed) == 4
+    inputs = tf.constant(INPUTS)
+    served = tf.saved_model.load(full_path).signatures["serving_default"](inputs=inputs)
+    ours = loaded["serving_default"](inputs=inputs)
+    assert ours["translations"].numpy().tolist() == served["translations"].numpy().tolist()
+    np.testing.assert_allclose(ours["scores"].numpy(), served["scores"].numpy(), rtol=1e-5)
+    # A request for a signature it lacks names the flag that left it out.
+    source = tmp_path / "source"
+    source.write_text("4:08 PM\n")
+    argv = ["--model", path, "--input", str(source), "--beam-size", "2"]
+    assert translate_command.main(argv) == 2
+    assert "has no translate signature" in capsys.readouterr().err
+    argv = ["--run-dir", "unused", "--signatures", "serving_default", "sample_all"]
+    with pytest.raises(SystemExit):
+        export_command.main(argv)
+    assert "invalid choice: 'sample_all'" in capsys.readouterr().err
 
 
 def test_word_alignments_join_pieces_into_words():

@@ -23,6 +23,7 @@ from benchmarks import (
     gpu_recipe_study,
     gpu_training,
     input_streams,
+    int8_projection,
     int8_serving,
     long_run,
     multi30k_recipe,
@@ -170,6 +171,23 @@ def test_decoding_concurrency_smoke(tiny_run, tmp_path):
     # output (each batch is searched alone).
     for name in names[1:4]:
         assert results[f"{name}_beam2"]["same_as_saved_model_chunks1"] == 16, name
+
+
+def test_int8_projection_smoke(tmp_path):
+    output = tmp_path / "projection.json"
+    argv = ["--vocabulary-size", "300", "--hidden-dim", "32", "--rows", "4", "9",
+            "--repeats", "1", "--output", str(output)]  # fmt: skip
+    assert int8_projection.main(argv) == 0
+    results = read(output)["results"]
+    assert set(results) == {f"{case}_{n}" for case in int8_projection.CASES for n in (4, 9)}
+    for name, entry in results.items():
+        # Each int8 way approximates float32's logits: one scale a token (and a row).
+        bound = 0.0 if name.startswith("float32") else 0.05
+        assert entry["relative_error"] <= bound and entry["milliseconds"] > 0, name
+    # The two int8 by int8 products are the same computation.
+    assert results["int8_matmul_stored_9"]["relative_error"] == pytest.approx(
+        results["int8_matmul_transposed_9"]["relative_error"]
+    )
 
 
 @pytest.mark.slow  # three exports, three serving processes

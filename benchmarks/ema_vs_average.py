@@ -84,7 +84,7 @@ def main(argv=None):
         for name, folder in folders.items():
             _, scored = export_translate_score(
                 folder, os.path.join(folder, "saved_models", name), source, reference,
-                os.path.join(folder, split), env, lowercase=True,
+                os.path.join(folder, split), env, lowercase=True, signatures=["translate"],
             )  # fmt: skip
             scores[name][split] = {case: round(s["bleu"], 2) for case, s in scored.items()}
     result = write_result(

@@ -52,8 +52,11 @@ from benchmarks.request_size import run_client  # noqa: E402
 EXPORTS = ("float32", "int8", "int8-weights")
 
 
-def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources):
-    """`{name: translate(beam_size) -> list of str}` and `{export: version folder}`."""
+def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources, signatures=None):
+    """`{name: translate(beam_size) -> list of str}` and `{export: version folder}`.
+
+    `signatures`: what each export holds besides `translate` and `serving_default`
+    (which the benchmark calls); None exports all, as `kt export` does."""
     import sentencepiece
     import tensorflow as tf
 
@@ -64,11 +67,14 @@ def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources):
     pieces = sentencepiece.SentencePieceProcessor(model_file=spm_path).encode(sources)
     batches = length_sorted_batches([len(p) for p in pieces], batch_size)
     decoders, versions = {}, {}
+    if signatures is not None:
+        signatures = ["translate", "serving_default", *signatures]
     for name in EXPORTS:
         quantize = None if name == "float32" else name
         translator = saved_model.Translator(
-            model, spm_path, max_length, chunk_size=batch_size, quantize=quantize
-        )
+            model, spm_path, max_length, chunk_size=batch_size, quantize=quantize,
+            signatures=signatures,
+        )  # fmt: skip
         versions[name] = saved_model.export(translator, os.path.join(work_dir, name))
         signature = tf.saved_model.load(versions[name]).signatures["translate"]
         for in_flight in (1, 2):
@@ -128,6 +134,10 @@ def main(argv=None):
     parser.add_argument(
         "--large", type=int, nargs="+", default=[512, 2048], help="sentences of the large requests"
     )
+    parser.add_argument(
+        "--signatures", nargs="*", help="export these besides translate and serving_default "
+        "(default: every signature, as kt export writes them; memory grows with them)",
+    )  # fmt: skip
     parser.add_argument("--output", default=os.path.join(RESULTS, "int8_serving.json"))
     args = parser.parse_args(argv)
     sources, references = read_parallel(parser, args, "test_2016_flickr")
@@ -138,7 +148,7 @@ def main(argv=None):
     spm_path = os.path.join(args.run_dir, "sentencepiece.model")
     with tempfile.TemporaryDirectory() as work_dir:
         decoders, versions = build_decoders(
-            model, spm_path, max_length, work_dir, args.batch_size, sources
+            model, spm_path, max_length, work_dir, args.batch_size, sources, args.signatures
         )
         cases = [(name, beam) for beam in args.beams for name in decoders]
         seconds, outputs = time_cases(lambda case: decoders[case[0]](case[1]), cases, args.repeats)

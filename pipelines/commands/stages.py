@@ -49,7 +49,8 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
             `{prefix}.scores.json` (cased) and `{prefix}.scores.lowercased.json`.
         env: dict or None, the processes' environment.
         **options: `beam_size` (4), `alpha` (0.6), `lowercase` (also score
-            lowercased text, False).
+            lowercased text, False), `signatures` (list of str: export these
+            only, `translate` among them; None: all).
 
     Returns:
         `(seconds, scores)`: dicts keyed by stage, and by "cased" /
@@ -58,12 +59,14 @@ def export_translate_score(run_dir, export_dir, source, reference, prefix, env=N
     beam_size = str(options.get("beam_size", 4))
     beam = ["--beam-size", beam_size, "--alpha", str(options.get("alpha", 0.6))]
     base, name = os.path.split(os.path.normpath(export_dir))
+    chosen = options.get("signatures")
+    flags = [*beam, "--nbest", beam_size, *([] if chosen is None else ["--signatures", *chosen])]
     seconds = {
         "export": run_stage(
             "Export a SavedModel for TF Serving",
             "export",
             # `nbest` returns every hypothesis of the beam.
-            ["--run-dir", run_dir, "--base", base, "--name", name, *beam, "--nbest", beam_size],
+            ["--run-dir", run_dir, "--base", base, "--name", name, *flags],
             env,
         )
     }

@@ -195,7 +195,8 @@ def test_int8_serving_smoke(tiny_run, tmp_path):
     output = tmp_path / "int8.json"
     argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
             "--reference", str(tiny_run / "reference"), "--repeats", "1", "--beams", "2",
-            "--batch-size", "4", "--large", "16", "32", "--output", str(output)]  # fmt: skip
+            "--batch-size", "4", "--large", "16", "32", "--signatures",
+            "--output", str(output)]  # fmt: skip
     assert int8_serving.main(argv) == 0
     result = read(output)
     exports = ("float32", "int8", "int8-weights")

@@ -30,6 +30,9 @@ from pipelines.serving import client
 from pipelines.training import recorded
 from tests.pipelines.parsing.synthetic import write_treebank
 
+# One worker runs the module, so its module fixtures are built once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("ptb")
+
 TINY = [
     "--set", "model.num_layers=1", "--set", "model.hidden_dim=32",
     "--set", "model.intermediate_dim=64", "--set", "model.num_heads=2",

@@ -19,6 +19,9 @@ from tests.test_case import to_numpy
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+# One worker runs the module, so its module fixtures are built once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("ctranslate2")
+
 SENTENCES = ["Monday, March 3, 2014", "4:08 PM", "12.5%", "1,234.5 kilometers"]
 
 

@@ -31,6 +31,9 @@ from tests.pipelines.serving.test_saved_model import (
     tiny_export,
 )
 
+# One worker runs the module, so its module fixtures are built once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("int8")
+
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
@@ -132,7 +135,7 @@ def test_int8_exports_translate_multi30k_within_half_a_bleu_of_float32(tmp_path)
     for mode in ("float32", "int8", "int8-weights"):
         quantize = [] if mode == "float32" else ["--quantize", mode]
         base = ["--run-dir", run, "--base", str(tmp_path / "models"), "--name", mode]
-        assert export_command.main(base + quantize) == 0
+        assert export_command.main([*base, *quantize, "--signatures", "serving_default"]) == 0
         output = tmp_path / f"{mode}.de"
         model = str(tmp_path / "models" / mode)
         argv = ["--model", model, "--input", str(tmp_path / "test.en"), "--output", str(output)]

@@ -29,6 +29,9 @@ from pipelines.serving.warmup import (
 )
 from tests.pipelines.conftest import tiny_translation_model
 
+# One worker runs the module, so its module fixtures are built once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("saved_model")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_SOURCE_LENGTH = 12
 LONG = "1,234.5 kilometers and " * 8

@@ -21,6 +21,9 @@ from pipelines.training.run import build_model
 from tests.pipelines.training.shared import TINY
 from tests.test_case import killed_and_resumed
 
+# One worker runs the module, so its module fixtures are built once (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("init_from")
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 

@@ -207,12 +207,9 @@ class Translator(tf.Module):
             texts, scores = translate(inputs, beam_size, alpha, 1, lengths=form)
             return {"translations": texts[:, 0], "scores": scores[:, 0]}
 
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.string, name="sources"),
-                tf.TensorSpec([None], tf.string, name="targets"),
-            ]
-        )
+        pairs = [tf.TensorSpec([None], tf.string, name=name) for name in ("sources", "targets")]
+
+        @tf.function(input_signature=pairs)
         def score(sources, targets):
             check_rows(sources, targets=targets)
             scores, lengths = score_strings(
@@ -223,9 +220,8 @@ class Translator(tf.Module):
         limits = (max_source_length, chunk_size, extra_length)
         guided = guided_signatures(translate, model, tokenizers, beam_size, alpha, limits)
         combined = combined_signatures(translate, model, tokenizers, limits, lengths)
-        functions = dict(
-            zip(SIGNATURES, (serve, nbest, translate_with, score, *guided, *combined), strict=True)
-        )
+        every = (serve, nbest, translate_with, score, *guided, *combined)
+        functions = dict(zip(SIGNATURES, every, strict=True))
         # Only the chosen ones are tracked: `tf.saved_model.save` traces every tracked function.
         self.functions = {name: functions[name] for name in names}
         self.model_variables = _captured_variables(self.signatures().values())

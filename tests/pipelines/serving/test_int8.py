@@ -89,7 +89,8 @@ def test_the_export_stores_int8_matrices_and_records_the_mode(int8_export):
     float_bytes = sum(np.prod(v.shape) * 4 for v in model.weights)
     assert sum(saved.values()) < 0.4 * float_bytes
     assert export_settings(path)["quantize"] == "int8"
-    assert translator.estimated_bytes() < float_bytes + 36 * translator.vocabulary_bytes + 2**20
+    # Below float32 weights and the graph of 10 signatures (at most 4 vocabulary copies each).
+    assert translator.estimated_bytes() < float_bytes + 40 * translator.vocabulary_bytes + 2**20
 
 
 def test_the_int8_graph_uses_only_ops_tf_serving_2_20_registers(int8_export):

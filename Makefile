@@ -17,7 +17,7 @@ AGNOSTIC_TESTS := tests --ignore=tests/pipelines --ignore=tests/jax_training
 # Training on JAX, data-parallel over two virtual CPU devices (set before JAX starts).
 JAX_TRAINING := KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=2
 
-.PHONY: install demo train test test-slow lint
+.PHONY: install demo train test test-slow test-release lint
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,12 @@ test: lint
 	KERAS_BACKEND=torch $(PYTEST) $(AGNOSTIC_TESTS)
 
 # pytest exits 5 when no test carries the marker; that is not a failure.
+# The release checks are slow checks too, run before a release (CONTRIBUTING.md), not by CI.
 test-slow: install
-	KERAS_BACKEND=tensorflow $(PYTEST) -m slow tests || [ $$? -eq 5 ]
-	$(JAX_TRAINING) $(PYTEST) -m slow tests/jax_training || [ $$? -eq 5 ]
-	KERAS_BACKEND=torch $(PYTEST) -m slow $(AGNOSTIC_TESTS) || [ $$? -eq 5 ]
+	KERAS_BACKEND=tensorflow $(PYTEST) -m "slow and not release" tests || [ $$? -eq 5 ]
+	$(JAX_TRAINING) $(PYTEST) -m "slow and not release" tests/jax_training || [ $$? -eq 5 ]
+	KERAS_BACKEND=torch $(PYTEST) -m "slow and not release" $(AGNOSTIC_TESTS) || [ $$? -eq 5 ]
+
+test-release: install
+	KERAS_BACKEND=tensorflow $(PYTEST) -m release tests || [ $$? -eq 5 ]
+	$(JAX_TRAINING) $(PYTEST) -m release tests/jax_training || [ $$? -eq 5 ]

@@ -16,6 +16,7 @@ MARGIN = 4.0
 
 
 @pytest.mark.slow
+@pytest.mark.release  # trains the recipe twice
 def test_the_default_recipe_on_jax_reaches_the_bleu_of_tensorflow(tmp_path):
     assert main(["--output-dir", str(tmp_path / "jax")]) == 0
     command = [sys.executable, "-m", "pipelines", "train", "--output-dir", str(tmp_path / "tf")]

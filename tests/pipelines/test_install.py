@@ -70,6 +70,7 @@ def test_the_docs_stay_within_their_sizes():
 
 
 @pytest.mark.slow  # builds, then installs TensorFlow and the pipelines into a fresh environment
+@pytest.mark.release
 def test_the_release_builds_passes_twine_and_runs_kt_from_the_wheel(tmp_path):
     """The release checklist's checks: `python -m build` gives an sdist and a wheel built from
     it, `twine check --strict` accepts both, and the wheel with its `tensorflow` extra runs

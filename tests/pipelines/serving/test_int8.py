@@ -113,6 +113,7 @@ def bleu(translations, references):
 
 
 @pytest.mark.slow
+@pytest.mark.release  # trains on Multi30k, then translates its test set three times
 def test_int8_exports_translate_multi30k_within_half_a_bleu_of_float32(tmp_path):
     """A small model trained on Multi30k (about 4 minutes on 2 cores), exported three ways."""
     multi30k = shared_data("multi30k")

@@ -142,14 +142,15 @@ def write_warmup_requests(saved_model_dir, batching=False, signatures=None):
     """
     path = os.path.join(saved_model_dir, WARMUP_FILE)
     settings = os.path.join(saved_model_dir, SETTINGS_FILE)
-    if signatures is None and os.path.exists(settings):
-        signatures = read_json(settings).get("signatures")
+    recorded = read_json(settings) if os.path.exists(settings) else None
+    if signatures is None and recorded is not None:
+        signatures = recorded.get("signatures")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for log in warmup_requests(batching=batching, signatures=signatures):
             writer.write(log.SerializeToString())
-    if os.path.exists(settings):  # a version's warm-up rewritten in place: its record follows
-        write_json(settings, {**read_json(settings), "batching": batching})
+    if recorded is not None:  # a version's warm-up rewritten in place: its record follows
+        write_json(settings, {**recorded, "batching": batching})
     return path
 
 

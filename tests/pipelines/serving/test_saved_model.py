@@ -811,7 +811,8 @@ def test_an_export_of_some_signatures_holds_and_warms_up_those_alone(exported, t
     source.write_text("4:08 PM\n")
     argv = ["--model", path, "--input", str(source), "--beam-size", "2"]
     assert translate_command.main(argv) == 2
-    assert "has no translate signature" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "has no translate signature" in error and "(--signatures)" in error
     argv = ["--run-dir", "unused", "--signatures", "serving_default", "sample_all"]
     with pytest.raises(SystemExit):
         export_command.main(argv)

@@ -57,20 +57,28 @@ def penalty_offset(form):
 
 
 class CachedSteps:
-    """The model's own incremental decoding: key/value caches, one position a step."""
+    """The model's own incremental decoding: key/value caches, one position a step.
+
+    `start` also takes the model's `step_constants()` (where it has them) once,
+    outside the search's loop, and `step` passes them to every step.
+    """
 
     def __init__(self, model):
         self.model = model
+        self.constants = {}
 
     def start(self, source_ids, cache_length, return_attention=False):
+        step_constants = getattr(self.model, "step_constants", None)
+        self.constants = step_constants() if step_constants is not None else {}
         if not return_attention:  # the interface of models without alignments
             return self.model.start_decoding(source_ids, cache_length)
         return self.model.start_decoding(source_ids, cache_length, return_attention=True)
 
     def step(self, token_ids, state, index, normalize=True):
-        if normalize:  # the interface of models without logits
-            return self.model.decoding_step(token_ids, state, index)
-        return self.model.decoding_step(token_ids, state, index, normalize=False)
+        options = {} if normalize else {"normalize": False}  # models without logits
+        if self.constants:  # models without constants
+            options["constants"] = self.constants
+        return self.model.decoding_step(token_ids, state, index, **options)
 
 
 class RecomputedSteps:

@@ -33,6 +33,9 @@ class TokenEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: int `(B, T)` token ids, or `(B, T, D)` states with `reverse`.
         reverse: bool, project states to logits instead of embedding ids.
+        table: optional `(V, D)` matrix from `output_table()`, for `reverse`:
+            a search computes it once and passes it to every step, so that
+            an int8 table is cast once a search rather than once a step.
 
     Returns:
         `(B, T, D)` embeddings, or `(B, T, V)` logits with `reverse=True`.
@@ -130,10 +133,18 @@ class TokenEmbedding(keras.layers.Layer):
         """`call`, which handles int8 embeddings itself."""
         return self.call(*args, **kwargs)
 
-    def call(self, inputs, reverse=False):
+    def output_table(self):
+        """The `(V, D)` matrix that `reverse` multiplies states by, in the compute dtype.
+
+        The weights themselves in float; an int8 table cast to the compute
+        dtype (its scales divide the logits afterwards, in `call`).
+        """
+        return ops.cast(self.embeddings, self.compute_dtype)
+
+    def call(self, inputs, reverse=False, table=None):
         quantized = self.quantization_mode is not None
         if reverse:
-            embeddings = ops.cast(self.embeddings, self.compute_dtype)  # (V, D), the whole table
+            embeddings = self.output_table() if table is None else table  # (V, D)
 
             # x (q / s)^T = (x q^T) / s, one scale a token, i.e. a column of logits.
             def project(rows):

@@ -266,9 +266,9 @@ class Transformer(keras.Model):
         encoder_outputs = self.encoder(states, padding_mask=source_padding_mask, training=training)
         return encoder_outputs, source_padding_mask
 
-    def _logits(self, states):
+    def _logits(self, states, table=None):
         if self.output_projection is None:
-            logits = self.target_embedding(states, reverse=True)  # (B, T, V)
+            logits = self.target_embedding(states, reverse=True, table=table)  # (B, T, V)
             if self.logits_bias is not None:
                 logits = logits + ops.cast(self.logits_bias, logits.dtype)
         else:
@@ -359,7 +359,21 @@ class Transformer(keras.Model):
             state["target"]["attention"] = ops.zeros(ops.shape(source_ids), dtype="float32")
         return state
 
-    def decoding_step(self, token_ids, state, index=None, normalize=True):
+    def step_constants(self):
+        """What every `decoding_step` of a search reads and none changes, computed once.
+
+        An int8 tied output projection casts its `(V, D)` table here, once a
+        search, instead of at every step; a float model has nothing to hoist.
+
+        Returns:
+            dict, empty or `{"output_table": (V, D) tensor}`; a search passes it
+            to each `decoding_step` as `constants`.
+        """
+        if self.output_projection is None and self.target_embedding.quantization_mode:
+            return {"output_table": self.target_embedding.output_table()}
+        return {}
+
+    def decoding_step(self, token_ids, state, index=None, normalize=True, constants=None):
         """Log-probabilities (or logits) of the next token after `token_ids`.
 
         Args:
@@ -370,6 +384,8 @@ class Transformer(keras.Model):
                 None for growing caches (the position is their length).
             normalize: bool, return log-probabilities; False returns the
                 logits, for searches that change them before the softmax.
+            constants: dict from `step_constants()`, computed once a search;
+                None computes what it holds at this step.
 
         Returns:
             `(log_probs, state)`: float32 `(R, V)` and the updated state.
@@ -386,7 +402,8 @@ class Transformer(keras.Model):
             cache_update_index=index,
             return_attention_scores=alignment,
         )  # (R, 1, D), caches[, (R, L, H, 1, S)]
-        logits = self._logits(outputs[0])[:, 0]  # (R, V)
+        table = (constants or {}).get("output_table")
+        logits = self._logits(outputs[0], table=table)[:, 0]  # (R, V)
         log_probs = ops.log_softmax(logits, axis=-1) if normalize else logits
         target = {"self_attention_cache": outputs[1]}
         if alignment:  # the last layer's, averaged over heads

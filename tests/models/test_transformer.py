@@ -265,3 +265,75 @@ def test_an_int8_model_decodes_as_its_full_pass_and_near_float32(activations):
         log_probs, state = model.decoding_step(TARGET[:, index], state, index)
         real = TARGET[:, index] != 0
         np.testing.assert_allclose(to_numpy(log_probs)[real], full[real, index], atol=1e-4)
+
+
+def int8_tied_model():
+    """A tied model whose target embedding alone is int8 (so only it casts int8)."""
+    from keras_transformer.layers import TokenEmbedding
+
+    model = tiny()
+    model((SOURCE, TARGET))
+    model.quantize("int8", filters=lambda layer: isinstance(layer, TokenEmbedding))
+    assert model.step_constants(), "an int8 tied projection has a table to hoist"
+    return model
+
+
+def test_an_int8_tied_projection_casts_its_table_once_a_search_not_once_a_step(monkeypatch):
+    """Eager loops (TensorFlow, PyTorch) run the step in Python: count the casts."""
+    from keras_transformer import beam_search, greedy_search
+    from keras_transformer.layers import TokenEmbedding
+
+    if keras.backend.backend() == "jax":
+        pytest.skip("JAX traces a loop's body once; the TensorFlow graph test covers the loop")
+    model = int8_tied_model()
+    counts = {"table": 0, "step": 0}
+    table, step = TokenEmbedding.output_table, Transformer.decoding_step
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(TokenEmbedding, "output_table", counted("table", table))
+    monkeypatch.setattr(Transformer, "decoding_step", counted("step", step))
+
+    def beam(*args, **kwargs):
+        return beam_search(*args, beam_size=3, **kwargs)[0]  # the ids, not the scores
+
+    for search in (greedy_search, beam):
+        counts.update(table=0, step=0)
+        hoisted = to_numpy(search(model, SOURCE, max_output_length=6))
+        assert counts["step"] >= 5 and counts["table"] == 1, counts
+        # The same search with the table cast at every step: the same tokens.
+        monkeypatch.setattr(Transformer, "step_constants", lambda self: {})
+        counts.update(table=0, step=0)
+        np.testing.assert_array_equal(to_numpy(search(model, SOURCE, max_output_length=6)), hoisted)
+        assert counts["table"] == counts["step"]
+        monkeypatch.undo()
+        monkeypatch.setattr(TokenEmbedding, "output_table", counted("table", table))
+        monkeypatch.setattr(Transformer, "decoding_step", counted("step", step))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow graphs")
+def test_an_int8_tied_projection_casts_no_int8_table_inside_the_decoding_loop():
+    import tensorflow as tf
+
+    from keras_transformer import greedy_search
+
+    model = int8_tied_model()
+    search = tf.function(lambda ids: greedy_search(model, ids, max_output_length=6))
+    graph = search.get_concrete_function(tf.TensorSpec((None, None), tf.int32)).graph
+    definition = graph.as_graph_def()
+
+    def int8_casts(nodes):
+        int8 = tf.int8.as_datatype_enum
+        return [n for n in nodes if n.op == "Cast" and n.attr["SrcT"].type == int8]
+
+    loop_bodies = [f for f in definition.library.function if "body" in f.signature.name]
+    inside = [n for f in loop_bodies for n in int8_casts(f.node_def)]
+    # Inside the loop, the only int8 casts are of the rows a step looks up (a gather)...
+    assert inside and all("Gather" in n.input[0] for n in inside), inside
+    # ... and the one cast of the (V, D) table sits before the loop, outside its body.
+    (table,) = [n for n in int8_casts(definition.node) if "Gather" not in n.input[0]]

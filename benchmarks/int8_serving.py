@@ -20,7 +20,8 @@ reports its resident memory after loading and its peak.
 Targets (benchmarks/README.md): int8 at least 1.3x float32's speed, greedy
 and beam 4, one and two in flight, BLEU within 0.5; against CTranslate2
 int8, reported as a ratio (the goal: within 1.5x); peak memory of the large
-request no worse than float32's, at each size. Writes benchmarks/results/int8_serving.json.
+request no worse than float32's, at each size. `--memory-only` exports and
+measures the large requests alone. Writes benchmarks/results/int8_serving.json.
 """
 
 import argparse
@@ -52,6 +53,26 @@ from benchmarks.request_size import run_client  # noqa: E402
 EXPORTS = ("float32", "int8", "int8-weights")
 
 
+def export_versions(model, spm_path, max_length, work_dir, batch_size, signatures=None):
+    """`{export: version folder}`: the model exported as each of `EXPORTS` under `work_dir`.
+
+    `signatures`: what each export holds besides `translate` and `serving_default`;
+    None exports all, as `kt export` does."""
+    from pipelines.serving import saved_model
+
+    if signatures is not None:
+        signatures = ["translate", "serving_default", *signatures]
+    versions = {}
+    for name in EXPORTS:
+        quantize = None if name == "float32" else name
+        translator = saved_model.Translator(
+            model, spm_path, max_length, chunk_size=batch_size, quantize=quantize,
+            signatures=signatures,
+        )  # fmt: skip
+        versions[name] = saved_model.export(translator, os.path.join(work_dir, name))
+    return versions
+
+
 def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources, signatures=None):
     """`{name: translate(beam_size) -> list of str}` and `{export: version folder}`.
 
@@ -60,22 +81,14 @@ def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources, s
     import sentencepiece
     import tensorflow as tf
 
-    from pipelines.serving import saved_model
     from pipelines.serving.ctranslate2 import CTranslate2Translator, convert
 
     lines = [s.encode("utf-8") for s in sources]
     pieces = sentencepiece.SentencePieceProcessor(model_file=spm_path).encode(sources)
     batches = length_sorted_batches([len(p) for p in pieces], batch_size)
-    decoders, versions = {}, {}
-    if signatures is not None:
-        signatures = ["translate", "serving_default", *signatures]
+    decoders = {}
+    versions = export_versions(model, spm_path, max_length, work_dir, batch_size, signatures)
     for name in EXPORTS:
-        quantize = None if name == "float32" else name
-        translator = saved_model.Translator(
-            model, spm_path, max_length, chunk_size=batch_size, quantize=quantize,
-            signatures=signatures,
-        )  # fmt: skip
-        versions[name] = saved_model.export(translator, os.path.join(work_dir, name))
         signature = tf.saved_model.load(versions[name]).signatures["translate"]
         for in_flight in (1, 2):
             decoders[f"{name}_{in_flight}"] = requests_in_flight(
@@ -124,6 +137,37 @@ def large_requests(versions, sources, sizes, work_dir):
     return memory
 
 
+def speed_results(cases, seconds, outputs, references, beams):
+    """`(results, ratios)`: each case's time and BLEU; int8 against float32 and CTranslate2."""
+    import sacrebleu
+
+    results, rows = {}, []
+    for name, beam in cases:
+        middle = median(seconds[name, beam])
+        bleu = sacrebleu.corpus_bleu(outputs[name, beam], [references]).score
+        results[f"{name}_beam{beam}"] = {
+            "median_seconds": round(middle, 3),
+            "seconds": [round(s, 3) for s in seconds[name, beam]],
+            "sentences_per_second": round(len(references) / middle, 1),
+            "bleu": round(bleu, 2),
+        }
+        rows.append([name, beam, f"{len(references) / middle:.1f}", f"{bleu:.2f}"])
+    ratios = {}
+    for beam in beams:
+        for flight in (1, 2):
+            base = median(seconds[f"float32_{flight}", beam])
+            for name in ("int8", "int8-weights"):
+                mine = median(seconds[f"{name}_{flight}", beam])
+                ratios[f"{name}_speedup_over_float32_beam{beam}_{flight}"] = round(base / mine, 3)
+                theirs = median(seconds[f"ctranslate2_int8_{flight}", beam])
+                ratios[f"{name}_time_over_ctranslate2_int8_beam{beam}_{flight}"] = round(
+                    mine / theirs, 3
+                )
+    print(table(["decoder", "beam", "sentences/s", "BLEU"], rows))
+    print(json.dumps(ratios, indent=1))
+    return results, ratios
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="a training output folder")
@@ -138,47 +182,32 @@ def main(argv=None):
         "--signatures", nargs="*", help="export these besides translate and serving_default "
         "(default: every signature, as kt export writes them; memory grows with them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--memory-only", action="store_true", help="export and measure the large requests only"
+    )
     parser.add_argument("--output", default=os.path.join(RESULTS, "int8_serving.json"))
     args = parser.parse_args(argv)
     sources, references = read_parallel(parser, args, "test_2016_flickr")
 
-    import sacrebleu
-
     model, max_length = load_run(args.run_dir)
     spm_path = os.path.join(args.run_dir, "sentencepiece.model")
+    results, ratios = {}, {}
     with tempfile.TemporaryDirectory() as work_dir:
-        decoders, versions = build_decoders(
-            model, spm_path, max_length, work_dir, args.batch_size, sources, args.signatures
-        )
-        cases = [(name, beam) for beam in args.beams for name in decoders]
-        seconds, outputs = time_cases(lambda case: decoders[case[0]](case[1]), cases, args.repeats)
+        if args.memory_only:
+            versions = export_versions(
+                model, spm_path, max_length, work_dir, args.batch_size, args.signatures
+            )
+        else:
+            decoders, versions = build_decoders(
+                model, spm_path, max_length, work_dir, args.batch_size, sources, args.signatures
+            )
+            cases = [(name, beam) for beam in args.beams for name in decoders]
+            run = lambda case: decoders[case[0]](case[1])  # noqa: E731
+            seconds, outputs = time_cases(run, cases, args.repeats)
+            results, ratios = speed_results(cases, seconds, outputs, references, args.beams)
         memory = large_requests(versions, sources, args.large, work_dir)
         sizes = {name: folder_bytes(version) for name, version in versions.items()}
 
-    results, rows = {}, []
-    for name, beam in cases:
-        middle = median(seconds[name, beam])
-        bleu = sacrebleu.corpus_bleu(outputs[name, beam], [references]).score
-        results[f"{name}_beam{beam}"] = {
-            "median_seconds": round(middle, 3),
-            "seconds": [round(s, 3) for s in seconds[name, beam]],
-            "sentences_per_second": round(len(sources) / middle, 1),
-            "bleu": round(bleu, 2),
-        }
-        rows.append([name, beam, f"{len(sources) / middle:.1f}", f"{bleu:.2f}"])
-    ratios = {}
-    for beam in args.beams:
-        for flight in (1, 2):
-            base = median(seconds[f"float32_{flight}", beam])
-            for name in ("int8", "int8-weights"):
-                mine = median(seconds[f"{name}_{flight}", beam])
-                ratios[f"{name}_speedup_over_float32_beam{beam}_{flight}"] = round(base / mine, 3)
-                theirs = median(seconds[f"ctranslate2_int8_{flight}", beam])
-                ratios[f"{name}_time_over_ctranslate2_int8_beam{beam}_{flight}"] = round(
-                    mine / theirs, 3
-                )
-    print(table(["decoder", "beam", "sentences/s", "BLEU"], rows))
-    print(json.dumps(ratios, indent=1))
     for name in EXPORTS:
         print(f"{name}: {sizes[name] / 2**20:.1f} MiB on disk")
         for size, report in memory[name].items():
@@ -190,9 +219,10 @@ def main(argv=None):
             "benchmark": "int8_serving",
             "command": "python benchmarks/int8_serving.py " + " ".join(argv or sys.argv[1:]),
             "run_dir": os.path.abspath(args.run_dir),
+            "parameters": model.count_params(),
             "sentences": len(sources),
             "batch_size": args.batch_size,
-            "repeats": args.repeats,
+            "repeats": 0 if args.memory_only else args.repeats,
             "results": results,
             "ratios": ratios,
             "large_requests": memory,

@@ -211,6 +211,21 @@ def test_int8_serving_smoke(tiny_run, tmp_path):
         assert result["export_bytes"][name] > 0
 
 
+@pytest.mark.slow  # three exports, three serving processes
+def test_int8_serving_memory_only_exports_and_measures_without_timing(tiny_run, tmp_path):
+    output = tmp_path / "int8.json"
+    argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
+            "--reference", str(tiny_run / "reference"), "--large", "16", "--signatures",
+            "--memory-only", "--output", str(output)]  # fmt: skip
+    assert int8_serving.main(argv) == 0
+    result = read(output)
+    assert result["results"] == {} and result["ratios"] == {} and result["repeats"] == 0
+    assert result["parameters"] > 0
+    for name in ("float32", "int8", "int8-weights"):
+        (report,) = result["large_requests"][name].values()
+        assert report["peak_kib"] >= report["loaded_kib"] > 0
+
+
 def test_time_cases_warms_up_then_interleaves_the_cases_each_repeat():
     calls, repeats = [], []
     seconds, outputs = common.time_cases(

@@ -101,6 +101,21 @@ def test_the_int8_graph_uses_only_ops_tf_serving_2_20_registers(int8_export):
     assert not {op for op in ops if op.startswith("Xla")}
 
 
+def test_the_export_saves_no_gradient_functions(int8_export):
+    """Keras's int8 products each carry a custom gradient, which inference never calls."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(int8_export[3], "saved_model.pb"), "rb") as handle:
+        saved.ParseFromString(handle.read())
+    (graph,) = saved.meta_graphs
+    names = [function.signature.name for function in graph.graph_def.library.function]
+    assert any("while_body" in name for name in names)  # the searches' loops are there
+    assert not [name for name in names if "grad_fn" in name]
+    # Nothing but the signatures and the tokenizers' initializers to restore.
+    assert not [name for name in graph.object_graph_def.concrete_functions if "grad" in name]
+
+
 def test_an_unknown_mode_is_refused_before_work(tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
         export_command.main(["--run-dir", str(tmp_path), "--quantize", "int4"])

@@ -269,6 +269,15 @@ def _pieces(sentencepiece, path):
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
+def _encode(processor, sentences, language_codes):
+    """Each sentence's SentencePiece pieces; with `language_codes`, a leading code kept whole."""
+    if not language_codes:
+        return processor.encode(sentences, out_type=str)
+    split = [split_language_code(sentence) for sentence in sentences]
+    rests = processor.encode([rest for _, rest in split], out_type=str)
+    return [code + rest for (code, _), rest in zip(split, rests, strict=True)]
+
+
 class CTranslate2Translator:
     """Translates sentences with a folder written by `convert`.
 
@@ -298,6 +307,10 @@ class CTranslate2Translator:
             model_file=target_vocabulary_path(vocabulary)
         )
         self.language_codes = has_language_codes(vocabulary)
+        target = target_vocabulary_path(vocabulary)
+        self.target_language_codes = (
+            self.language_codes if target == vocabulary else has_language_codes(target)
+        )
         with open(os.path.join(path, "keras_transformer.json"), encoding="utf-8") as handle:
             options = json.load(handle)
             # Folders written by 0.1.0 name it max_length.
@@ -318,11 +331,16 @@ class CTranslate2Translator:
         Returns:
             list of lists of str, the pieces `translate` sends (before truncation).
         """
-        if not self.language_codes:
-            return self.processor.encode(sentences, out_type=str)
-        split = [split_language_code(sentence) for sentence in sentences]
-        rests = self.processor.encode([rest for _, rest in split], out_type=str)
-        return [code + rest for (code, _), rest in zip(split, rests, strict=True)]
+        return _encode(self.processor, sentences, self.language_codes)
+
+    def target_pieces(self, prefixes):
+        """Target pieces of `prefixes` (list of str), a leading language code kept whole
+        where the target vocabulary has codes, as the SavedModel's target tokenizer keeps it.
+
+        Returns:
+            list of lists of str, CTranslate2's `target_prefix`.
+        """
+        return _encode(self.target_processor, prefixes, self.target_language_codes)
 
     def translate(
         self, sentences, beam_size=None, length_penalty=None, batch_size=64, controls=None,
@@ -359,9 +377,7 @@ class CTranslate2Translator:
             limit = min(controlled.pop("max_decoding_length", limit) - self.forced_end, limit)
             options.update(controlled, max_decoding_length=max(limit, 1))
         if prefixes is not None:
-            options["target_prefix"] = [
-                self.target_processor.encode(prefix, out_type=str) for prefix in prefixes
-            ]
+            options["target_prefix"] = self.target_pieces(prefixes)
         results = self.translator.translate_batch(
             pieces,
             max_batch_size=batch_size,

@@ -21,7 +21,8 @@ Targets (benchmarks/README.md): int8 at least 1.3x float32's speed, greedy
 and beam 4, one and two in flight, BLEU within 0.5; against CTranslate2
 int8, reported as a ratio (the goal: within 1.5x); peak memory of the large
 request no worse than float32's, at each size. `--memory-only` exports and
-measures the large requests alone. Writes benchmarks/results/int8_serving.json.
+measures the large requests alone. Writes benchmarks/results/int8_serving.json
+(int8_serving_memory.json with `--memory-only`).
 """
 
 import argparse
@@ -185,8 +186,14 @@ def main(argv=None):
     parser.add_argument(
         "--memory-only", action="store_true", help="export and measure the large requests only"
     )
-    parser.add_argument("--output", default=os.path.join(RESULTS, "int8_serving.json"))
+    parser.add_argument(
+        "--output", help="default: benchmarks/results/int8_serving.json, or "
+        "int8_serving_memory.json with --memory-only",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.output is None:
+        name = "int8_serving_memory.json" if args.memory_only else "int8_serving.json"
+        args.output = os.path.join(RESULTS, name)
     sources, references = read_parallel(parser, args, "test_2016_flickr")
 
     model, max_length = load_run(args.run_dir)

@@ -60,7 +60,8 @@ class CachedSteps:
     """The model's own incremental decoding: key/value caches, one position a step.
 
     `start` also takes the model's `step_constants()` (where it has them) once,
-    outside the search's loop, and `step` passes them to every step.
+    outside the search's loop, and `step` passes them to every step: one
+    stepper serves one search, its `step`s traced where its `start` was.
     """
 
     def __init__(self, model):

@@ -172,7 +172,7 @@ class TokenEmbedding(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape) + (self.hidden_dim,)
 
-    def compute_output_spec(self, inputs, reverse=False):
+    def compute_output_spec(self, inputs, reverse=False, table=None):
         if reverse:
             shape = tuple(inputs.shape[:-1]) + (self.vocabulary_size,)
         else:

@@ -303,11 +303,9 @@ class CTranslate2Translator:
         )
         vocabulary = os.path.join(path, "sentencepiece.model")
         self.processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
-        self.target_processor = sentencepiece.SentencePieceProcessor(
-            model_file=target_vocabulary_path(vocabulary)
-        )
-        self.language_codes = has_language_codes(vocabulary)
         target = target_vocabulary_path(vocabulary)
+        self.target_processor = sentencepiece.SentencePieceProcessor(model_file=target)
+        self.language_codes = has_language_codes(vocabulary)
         self.target_language_codes = (
             self.language_codes if target == vocabulary else has_language_codes(target)
         )

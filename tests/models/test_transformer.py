@@ -279,15 +279,17 @@ def int8_tied_model():
 
 
 def test_an_int8_tied_projection_casts_its_table_once_a_search_not_once_a_step(monkeypatch):
-    """Eager loops (TensorFlow, PyTorch) run the step in Python: count the casts."""
+    """Same tokens with the table cast once or at every step; eager loops count the casts."""
     from keras_transformer import beam_search, greedy_search
     from keras_transformer.layers import TokenEmbedding
 
-    if keras.backend.backend() == "jax":
-        pytest.skip("JAX traces a loop's body once; the TensorFlow graph test covers the loop")
+    keras.utils.set_random_seed(0)
     model = int8_tied_model()
+    eager = keras.backend.backend() != "jax"  # JAX traces a loop's body once
     counts = {"table": 0, "step": 0}
-    table, step = TokenEmbedding.output_table, Transformer.decoding_step
+    table, step, constants = (
+        TokenEmbedding.output_table, Transformer.decoding_step, Transformer.step_constants
+    )  # fmt: skip
 
     def counted(name, function):
         def wrapper(*args, **kwargs):
@@ -298,22 +300,23 @@ def test_an_int8_tied_projection_casts_its_table_once_a_search_not_once_a_step(m
 
     monkeypatch.setattr(TokenEmbedding, "output_table", counted("table", table))
     monkeypatch.setattr(Transformer, "decoding_step", counted("step", step))
+    # At least 5 steps: the end token is banned before 5 tokens (the controlled path).
+    options = {"max_output_length": 6, "controls": {"min_length": 5}}
 
     def beam(*args, **kwargs):
         return beam_search(*args, beam_size=3, **kwargs)[0]  # the ids, not the scores
 
     for search in (greedy_search, beam):
+        monkeypatch.setattr(Transformer, "step_constants", constants)
         counts.update(table=0, step=0)
-        hoisted = to_numpy(search(model, SOURCE, max_output_length=6))
-        assert counts["step"] >= 5 and counts["table"] == 1, counts
+        hoisted = to_numpy(search(model, SOURCE, **options))
+        if eager:
+            assert counts["step"] >= 5 and counts["table"] == 1, counts
         # The same search with the table cast at every step: the same tokens.
         monkeypatch.setattr(Transformer, "step_constants", lambda self: {})
         counts.update(table=0, step=0)
-        np.testing.assert_array_equal(to_numpy(search(model, SOURCE, max_output_length=6)), hoisted)
-        assert counts["table"] == counts["step"]
-        monkeypatch.undo()
-        monkeypatch.setattr(TokenEmbedding, "output_table", counted("table", table))
-        monkeypatch.setattr(Transformer, "decoding_step", counted("step", step))
+        np.testing.assert_array_equal(to_numpy(search(model, SOURCE, **options)), hoisted)
+        assert counts["table"] == counts["step"] >= 1
 
 
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow graphs")

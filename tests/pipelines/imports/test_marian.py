@@ -245,10 +245,11 @@ def test_language_codes_are_kept_whole_as_marian_tokenizer_keeps_them(imported, 
     assert pieces == expected
     # CTranslate2 takes pieces as text, and reads those its vocabulary lacks as <unk>.
     known = tokenizer.get_vocab()
-    ct2_pieces = CTranslate2Translator(str(tmp_path / "ct2")).source_pieces(coded)
+    ct2 = CTranslate2Translator(str(tmp_path / "ct2"))
+    ct2_pieces = ct2.source_pieces(coded)
     assert [[p if p in known else "<unk>" for p in row] for row in ct2_pieces] == expected
     # The same for target prefixes, whose vocabulary here is the source's.
-    ct2_prefixes = CTranslate2Translator(str(tmp_path / "ct2")).target_pieces(coded)
+    ct2_prefixes = ct2.target_pieces(coded)
     assert [[p if p in known else "<unk>" for p in row] for row in ct2_prefixes] == expected
     texts = [t.decode() for t in aligned["translations"].numpy()]
     theirs, _ = generated(imported, coded, 4)

@@ -112,7 +112,7 @@ def test_the_export_saves_no_gradient_functions(int8_export):
     names = [function.signature.name for function in graph.graph_def.library.function]
     assert any("while_body" in name for name in names)  # the searches' loops are there
     assert not [name for name in names if "grad_fn" in name]
-    # Nothing but the signatures and the tokenizers' initializers to restore.
+    # Nor a gradient among the functions the loader restores.
     assert not [name for name in graph.object_graph_def.concrete_functions if "grad" in name]
 
 

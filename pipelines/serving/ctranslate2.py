@@ -335,6 +335,9 @@ class CTranslate2Translator:
         """Target pieces of `prefixes` (list of str), a leading language code kept whole
         where the target vocabulary has codes, as the SavedModel's target tokenizer keeps it.
 
+        Args:
+            prefixes: list of str, one target prefix per sentence.
+
         Returns:
             list of lists of str, CTranslate2's `target_prefix`.
         """

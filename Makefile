@@ -6,8 +6,9 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 # Two workers on two cores, one compute thread each (1.10x faster than each taking every
 # core). Modules marked xdist_group run on one worker, so their module fixtures are built once.
+# Each run lists its 20 slowest tests and fixtures: the suite's time budget is spent there.
 PYTEST := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2 \
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=20
 # oneDNN kernels: some TensorFlow builds leave them off on AMD CPUs; training ran
 # 1.35x faster with them than without (benchmarks/onednn_training.py).
 RUN_ENV := KERAS_BACKEND=tensorflow TF_CPP_MIN_LOG_LEVEL=2 TF_ENABLE_ONEDNN_OPTS=1

@@ -49,7 +49,7 @@ from benchmarks.decoding_concurrency import (  # noqa: E402
     length_sorted_batches,
     requests_in_flight,
 )
-from benchmarks.request_size import run_client  # noqa: E402
+from benchmarks.request_size import LOADERS, run_client  # noqa: E402
 
 EXPORTS = ("float32", "int8", "int8-weights")
 
@@ -116,7 +116,7 @@ def build_decoders(model, spm_path, max_length, work_dir, batch_size, sources, s
     return decoders, versions
 
 
-def large_requests(versions, sources, sizes, work_dir):
+def large_requests(versions, sources, sizes, work_dir, loader="saved_model"):
     """Each export's memory and time for one request of each size, in a fresh process.
 
     Args:
@@ -124,6 +124,7 @@ def large_requests(versions, sources, sizes, work_dir):
         sources: list of str, repeated to fill a request.
         sizes: list of int, sentences a request.
         work_dir: str, where the requests' sentences are written.
+        loader: str, one of `request_size.LOADERS`.
 
     Returns:
         `{name: {size: request_size.run_client's report}}`.
@@ -134,7 +135,7 @@ def large_requests(versions, sources, sizes, work_dir):
         with open(path, "w", encoding="utf-8") as handle:
             json.dump([sources[i % len(sources)] for i in range(size)], handle)
         for name, version in versions.items():
-            memory[name][size] = run_client(version, path, size)
+            memory[name][size] = run_client(version, path, size, loader)
     return memory
 
 
@@ -187,6 +188,10 @@ def main(argv=None):
         "--memory-only", action="store_true", help="export and measure the large requests only"
     )
     parser.add_argument(
+        "--loader", choices=LOADERS, default="saved_model", help="how the large requests' "
+        "process loads an export: tf.saved_model.load, or a TF1 Session as TF Serving does",
+    )  # fmt: skip
+    parser.add_argument(
         "--output", help="default: benchmarks/results/int8_serving.json, or "
         "int8_serving_memory.json with --memory-only",
     )  # fmt: skip
@@ -212,7 +217,7 @@ def main(argv=None):
             run = lambda case: decoders[case[0]](case[1])  # noqa: E731
             seconds, outputs = time_cases(run, cases, args.repeats)
             results, ratios = speed_results(cases, seconds, outputs, references, args.beams)
-        memory = large_requests(versions, sources, args.large, work_dir)
+        memory = large_requests(versions, sources, args.large, work_dir, args.loader)
         sizes = {name: folder_bytes(version) for name, version in versions.items()}
 
     for name in EXPORTS:
@@ -230,6 +235,7 @@ def main(argv=None):
             "sentences": len(sources),
             "batch_size": args.batch_size,
             "repeats": 0 if args.memory_only else args.repeats,
+            "loader": args.loader,
             "results": results,
             "ratios": ratios,
             "large_requests": memory,

@@ -8,7 +8,9 @@ Exports the run as a SavedModel, then translates the first `--sentences`
 sentences of `--source` with `serving_default` (beam 4) in a fresh process per
 request size: all of them in one request, and in requests of `--small` (64)
 sentences one after another. Each process loads the SavedModel with TensorFlow
-and tensorflow-text alone, warms up on a few sentences, and reports its
+and tensorflow-text alone (`tf.saved_model.load`, or with `--loader session`
+in a TF1 Session, the C++ path TF Serving takes), warms up on a few
+sentences, and reports its
 wall-clock time per sentence and its peak resident memory (`VmHWM` of
 /proc/self/status where there is one: `ru_maxrss` keeps the spawning process's
 peak across `exec`, so a large parent would hide the client's own; it
@@ -28,11 +30,11 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from benchmarks.common import RESULTS, export_run, table, write_result  # noqa: E402
 
 CLIENT = """
-import json, resource, sys, time
+import hashlib, json, resource, sys, time
 import tensorflow as tf
 import tensorflow_text  # noqa: F401
 
-path, sentences_path, request = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, sentences_path, request, loader = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 with open(sentences_path, encoding="utf-8") as handle:
     sentences = json.load(handle)
 
@@ -46,22 +48,42 @@ def peak_kib():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-serve = tf.saved_model.load(path).signatures["serving_default"]
-serve(inputs=tf.constant(sentences[:8]))  # warm-up
+if loader == "session":  # TF Serving's path: the graph in a TF1 Session, no Python functions
+    tf.compat.v1.disable_eager_execution()
+    session = tf.compat.v1.Session()
+    meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    feed = signature.inputs["inputs"].name
+    fetches = {name: output.name for name, output in signature.outputs.items()}
+    serve = lambda batch: session.run(fetches, {feed: batch})["translations"]  # noqa: E731
+else:
+    restored = tf.saved_model.load(path).signatures["serving_default"]
+    serve = lambda batch: restored(inputs=tf.constant(batch))["translations"].numpy()  # noqa: E731
+serve(sentences[:8])  # warm-up
 loaded = peak_kib()
+digest = hashlib.sha1()
 started = time.perf_counter()
 for start in range(0, len(sentences), request):
-    serve(inputs=tf.constant(sentences[start : start + request]))
+    for translation in serve(sentences[start : start + request]):
+        digest.update(translation + b"\\n")
 seconds = time.perf_counter() - started
 peak = peak_kib()
-print(json.dumps({"seconds": seconds, "loaded_kib": loaded, "peak_kib": peak}))
+print(json.dumps({"seconds": seconds, "loaded_kib": loaded, "peak_kib": peak,
+                  "translations_sha1": digest.hexdigest()}))
 """
 
+LOADERS = ("saved_model", "session")
 
-def run_client(path, sentences_path, request):
-    """Runs one request size in a fresh process; returns its JSON report."""
+
+def run_client(path, sentences_path, request, loader="saved_model"):
+    """Runs one request size in a fresh process; returns its JSON report.
+
+    `loader`: one of `LOADERS`: "saved_model" (`tf.saved_model.load`, its
+    functions rebuilt in Python) or "session" (the graph in a TF1 `Session`,
+    the C++ path TF Serving takes). The report's `translations_sha1` digests
+    the translations, so that two loaders' outputs can be compared."""
     result = subprocess.run(
-        [sys.executable, "-c", CLIENT, path, sentences_path, str(request)],
+        [sys.executable, "-c", CLIENT, path, sentences_path, str(request), loader],
         capture_output=True,
         text=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
@@ -78,6 +100,7 @@ def main(argv=None):
     parser.add_argument("--source", required=True, help="sentences, one a line (.gz read too)")
     parser.add_argument("--sentences", type=int, default=2048)
     parser.add_argument("--small", type=int, default=64, help="sentences per small request")
+    parser.add_argument("--loader", choices=LOADERS, default="saved_model")
     parser.add_argument("--output", default=os.path.join(RESULTS, "request_size.json"))
     args = parser.parse_args(argv)
 
@@ -92,7 +115,7 @@ def main(argv=None):
         with open(sentences_path, "w", encoding="utf-8") as handle:
             json.dump(sentences, handle)
         for request in (len(sentences), args.small):
-            report = run_client(path, sentences_path, request)
+            report = run_client(path, sentences_path, request, args.loader)
             key = f"requests_of_{request}"
             results[key] = {
                 "request_size": request,
@@ -113,6 +136,7 @@ def main(argv=None):
             "command": "python benchmarks/request_size.py " + " ".join(argv or sys.argv[1:]),
             "run_dir": os.path.abspath(args.run_dir),
             "sentences": len(sentences),
+            "loader": args.loader,
             "beam_size": 4,
             "chunk_size": CHUNK_SIZE,
             "results": results,

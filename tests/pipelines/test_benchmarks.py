@@ -216,10 +216,11 @@ def test_int8_serving_memory_only_exports_and_measures_without_timing(tiny_run, 
     output = tmp_path / "int8.json"
     argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),
             "--reference", str(tiny_run / "reference"), "--large", "16", "--signatures",
-            "--memory-only", "--output", str(output)]  # fmt: skip
+            "--memory-only", "--loader", "session", "--output", str(output)]  # fmt: skip
     assert int8_serving.main(argv) == 0
     result = read(output)
     assert result["results"] == {} and result["ratios"] == {} and result["repeats"] == 0
+    assert result["loader"] == "session"
     assert result["parameters"] > 0
     for name in ("float32", "int8", "int8-weights"):
         (report,) = result["large_requests"][name].values()
@@ -380,6 +381,22 @@ def test_beam_stop_rule_smoke(tiny_run, tmp_path):
     result = read(output)
     assert set(result["results"]) == {"default", "early_stop"}
     assert 0 <= result["translations_that_differ"] <= result["sentences"] == 16
+
+
+@pytest.mark.slow  # one export, two serving processes
+def test_both_loaders_serve_the_same_translations(tiny_run, tmp_path):
+    from benchmarks.common import export_run
+
+    path = export_run(str(tiny_run / "run"), str(tmp_path / "model"), ["serving_default"])
+    sentences = tmp_path / "sentences.json"
+    lines = (tiny_run / "source").read_text(encoding="utf-8").splitlines()
+    sentences.write_text(json.dumps(lines), encoding="utf-8")
+    reports = [
+        request_size.run_client(path, str(sentences), 8, loader) for loader in request_size.LOADERS
+    ]
+    assert len({report["translations_sha1"] for report in reports}) == 1
+    for report in reports:
+        assert report["peak_kib"] >= report["loaded_kib"] > 0
 
 
 @pytest.mark.slow

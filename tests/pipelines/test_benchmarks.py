@@ -525,6 +525,7 @@ def test_scoring_smoke(tiny_run, tmp_path):
     assert result["score_over_beam4"] == pytest.approx(rates["score"] / rates["beam4"], rel=0.01)
 
 
+@pytest.mark.slow  # an export of every signature, then two serving processes
 def test_warmup_smoke(tiny_run, tmp_path):
     output = tmp_path / "warmup.json"
     argv = ["--run-dir", str(tiny_run / "run"), "--source", str(tiny_run / "source"),

@@ -100,7 +100,10 @@ def main(argv=None):
     parser.add_argument("--source", required=True, help="sentences, one a line (.gz read too)")
     parser.add_argument("--sentences", type=int, default=2048)
     parser.add_argument("--small", type=int, default=64, help="sentences per small request")
-    parser.add_argument("--loader", choices=LOADERS, default="saved_model")
+    parser.add_argument(
+        "--loader", choices=LOADERS, default="saved_model",
+        help="tf.saved_model.load, or a TF1 Session as TF Serving loads a SavedModel",
+    )  # fmt: skip
     parser.add_argument("--output", default=os.path.join(RESULTS, "request_size.json"))
     args = parser.parse_args(argv)
 

@@ -385,9 +385,7 @@ def test_beam_stop_rule_smoke(tiny_run, tmp_path):
 
 @pytest.mark.slow  # one export, two serving processes
 def test_both_loaders_serve_the_same_translations(tiny_run, tmp_path):
-    from benchmarks.common import export_run
-
-    path = export_run(str(tiny_run / "run"), str(tmp_path / "model"), ["serving_default"])
+    path = common.export_run(str(tiny_run / "run"), str(tmp_path / "model"), ["serving_default"])
     sentences = tmp_path / "sentences.json"
     lines = (tiny_run / "source").read_text(encoding="utf-8").splitlines()
     sentences.write_text(json.dumps(lines), encoding="utf-8")
